@@ -1,0 +1,1 @@
+"""JigSaw HTTP API, its Python client and the `jigsaw` CLI."""

@@ -1,0 +1,1 @@
+"""Alembic migration history (one history for SQLite and PostgreSQL)."""

@@ -1,0 +1,1 @@
+"""JigSaw scheduler: the domain (database, job state machine, policies, round loop)."""

@@ -1,0 +1,116 @@
+"""The job spec users submit (JSON over HTTP, YAML or JSON files in the CLI).
+
+Unknown fields are refused everywhere (`extra="forbid"`), so a typo never silently
+becomes a default; pydantic reports the field path of every error.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Built-in workloads the training runtime ships (see worker_agent/).
+BUILTIN_WORKLOADS: frozenset[str] = frozenset(
+    {
+        "digits-mlp",
+        "digits-cnn",
+        "text-transformer",
+        "resnet-synthetic",
+        "transformer-synthetic",
+    }
+)
+
+# `package.module:ClassName` of a user trial.
+_TRIAL_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hyperparameters(StrictModel):
+    batch_size: int = Field(default=64, ge=1, le=1_048_576, description="Global batch size.")
+    learning_rate: float = Field(default=0.01, gt=0, le=100, description="Learning rate.")
+    optimizer: Literal["sgd", "adam", "kfac"] = Field(default="sgd", description="Optimizer.")
+
+
+class TargetMetric(StrictModel):
+    name: str = Field(min_length=1, max_length=64, description="Evaluation metric name.")
+    value: float = Field(description="Stop when the metric reaches this value.")
+    mode: Literal["max", "min"] = Field(
+        default="max", description="Whether larger (`max`) or smaller (`min`) is better."
+    )
+
+
+class SPBConfig(StrictModel):
+    """A fixed structured partial backprop configuration."""
+
+    full_fraction: float = Field(
+        gt=0, le=1, description="Fraction of workers that backpropagate through every stage."
+    )
+    partial_depth: float = Field(
+        gt=0, le=1, description="Fraction of stages (from the top) the other workers train."
+    )
+    rotation_period: int = Field(
+        default=0, ge=0, description="Iterations between role rotations (0 = fixed roles)."
+    )
+
+
+SPBSetting = Literal["off", "auto"] | SPBConfig
+
+
+class JobSpec(StrictModel):
+    name: str = Field(min_length=1, max_length=128, description="Human-readable job name.")
+    workload: str = Field(description="A built-in workload name or `module:Class` of a user trial.")
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    workers: Annotated[int, Field(ge=1, le=1024)] = Field(
+        default=1, description="Number of GPUs (data-parallel workers)."
+    )
+    max_iterations: int | None = Field(
+        default=None, ge=1, le=10**12, description="Stop after this many iterations."
+    )
+    target_metric: TargetMetric | None = Field(
+        default=None, description="Stop when an evaluation reaches this metric value."
+    )
+    priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
+    queue: str = Field(default="default", min_length=1, max_length=64, description="Queue.")
+    spb: SPBSetting = Field(default="off", description="`off`, `auto`, or a fixed config.")
+    backprop: Literal["standard", "ooo"] = Field(
+        default="standard", description="Backprop schedule: standard or out-of-order."
+    )
+    max_retries: int = Field(
+        default=0, ge=0, le=10, description="Relaunches after a training process crashes."
+    )
+
+    @field_validator("name", "queue")
+    @classmethod
+    def _simple_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(
+                "must start with a letter or digit and hold only letters, digits, '.', '_', '-'"
+            )
+        return value
+
+    @field_validator("workload")
+    @classmethod
+    def _known_workload(cls, value: str) -> str:
+        if value in BUILTIN_WORKLOADS or _TRIAL_REF.match(value):
+            return value
+        raise ValueError(
+            f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
+            "or 'package.module:TrialClass'"
+        )
+
+    @model_validator(mode="after")
+    def _has_stopping_rule(self) -> JobSpec:
+        if self.max_iterations is None and self.target_metric is None:
+            raise ValueError("set max_iterations, target_metric, or both: a job must end")
+        if self.hyperparameters.batch_size < self.workers:
+            raise ValueError(
+                f"hyperparameters.batch_size ({self.hyperparameters.batch_size}) is smaller "
+                f"than workers ({self.workers}): every worker needs at least one sample"
+            )
+        return self

@@ -1,0 +1,224 @@
+"""SQLAlchemy 2 typed ORM: every table JigSaw keeps. The database is the source of truth.
+
+Schema changes go through an Alembic migration in `migrations/versions/`; a test checks
+that autogenerate finds no difference between these classes and the migrated schema.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+# Deterministic constraint names, so migrations can drop them by name on both backends.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+# SQLite only auto-increments INTEGER PRIMARY KEY; PostgreSQL gets a real BIGINT.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on both backends (SQLite drops the offset on read)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON}
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiToken(Base):
+    """A bearer token, stored only as its SHA-256 hash.
+
+    `scope` is `user` (acts as `user_id`) or `agent` (the cluster token worker agents
+    present; it belongs to no user and cannot call the user API).
+    """
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    scope: Mapped[str] = mapped_column(String(16), default="user")
+    user_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    description: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    user: Mapped[User | None] = relationship()
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(253), unique=True)
+    address: Mapped[str] = mapped_column(String(255), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    gpus: Mapped[list[GPU]] = relationship(back_populates="node", order_by="GPU.index")
+
+
+class GPU(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    index: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(64))
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    virtual: Mapped[bool] = mapped_column(Boolean, default=False)
+
+    node: Mapped[Node] = relationship(back_populates="gpus")
+
+
+class Agent(Base):
+    """The worker agent serving a node; `alive` flips off after a heartbeat timeout."""
+
+    __tablename__ = "agents"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), unique=True)
+    version: Mapped[str] = mapped_column(String(64), default="")
+    alive: Mapped[bool] = mapped_column(Boolean, default=True)
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_state_priority_id", "state", "priority", "id"),
+        Index("ix_jobs_owner_id_id", "owner_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="RESTRICT"))
+    queue: Mapped[str] = mapped_column(String(64), default="default")
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    workers: Mapped[int] = mapped_column(Integer)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    state: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str] = mapped_column(Text, default="")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    iterations_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    owner: Mapped[User] = relationship()
+
+
+class Allocation(Base):
+    """A job's hold on one GPU for a lease; `released_at` is set when the hold ends."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (
+        Index("ix_allocations_job_id_released_at", "job_id", "released_at"),
+        Index("ix_allocations_gpu_id_released_at", "gpu_id", "released_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    spb: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    lease_start_iteration: Mapped[int] = mapped_column(BigInteger, default=0)
+    lease_iterations: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    released_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class IterationMetric(Base):
+    """One reported iteration of a job (rank 0's aggregate over its workers)."""
+
+    __tablename__ = "iteration_metrics"
+    __table_args__ = (Index("ix_iteration_metrics_job_id_iteration", "job_id", "iteration"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    iteration: Mapped[int] = mapped_column(BigInteger)
+    reported_at: Mapped[datetime] = mapped_column(default=utcnow)
+    step_seconds: Mapped[float] = mapped_column(Float)
+    compute_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    comm_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    samples_per_second: Mapped[float] = mapped_column(Float, default=0.0)
+    loss: Mapped[float | None] = mapped_column(Float, default=None)
+    utilization: Mapped[float | None] = mapped_column(Float, default=None)
+    peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    bytes_communicated: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+
+class ModelProfile(Base):
+    """Measured per-stage costs of a workload (filled by the SPB profiler)."""
+
+    __tablename__ = "model_profiles"
+    __table_args__ = (UniqueConstraint("workload", "key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workload: Mapped[str] = mapped_column(String(200))
+    key: Mapped[str] = mapped_column(String(200), default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Event(Base):
+    """Audit log: every job state transition and scheduler decision."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(16), default=None)
+    to_state: Mapped[str | None] = mapped_column(String(16), default=None)
+    actor: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

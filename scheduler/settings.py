@@ -1,0 +1,125 @@
+"""Settings for every JigSaw process, read from `JIGSAW_*` environment variables.
+
+Each section is its own settings class with its own prefix, so the variable names read
+naturally (`JIGSAW_DATABASE_URL`, `JIGSAW_SCHEDULER_ROUND_SECONDS`) and a section can be
+built alone in tests.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import platformdirs
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    return Path(platformdirs.user_data_dir("jigsaw", appauthor=False))
+
+
+class HomeSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_", extra="ignore")
+
+    home: Path = Field(
+        default_factory=default_home,
+        description="Directory for all local state: the embedded SQLite database, the "
+        "scheduler lock file and the CLI's credentials.",
+    )
+
+
+class DatabaseSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_DATABASE_", extra="ignore")
+
+    url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the database. Unset means the embedded SQLite file "
+        "`$JIGSAW_HOME/jigsaw.db`; production uses `postgresql+psycopg://user@host/db`.",
+    )
+    busy_timeout_ms: int = Field(
+        default=30_000,
+        ge=0,
+        description="How long an SQLite writer waits for the write lock before failing.",
+    )
+    pool_size: int = Field(
+        default=10, ge=1, description="Connections kept open per process (PostgreSQL)."
+    )
+    max_overflow: int = Field(
+        default=20, ge=0, description="Extra connections allowed above pool_size (PostgreSQL)."
+    )
+    echo: bool = Field(default=False, description="Log every SQL statement (debugging only).")
+
+    @field_validator("url")
+    @classmethod
+    def _known_backend(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("sqlite", "postgresql")):
+            raise ValueError("only sqlite:// and postgresql+psycopg:// URLs are supported")
+        return url
+
+
+class APISettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_API_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="Address the HTTP API binds to.")
+    port: int = Field(default=8265, ge=0, le=65535, description="Port the HTTP API binds to.")
+    url: str | None = Field(
+        default=None,
+        description="Base URL the CLI talks to; unset means the one `jigsaw up` recorded "
+        "under JIGSAW_HOME, else http://127.0.0.1:8265.",
+    )
+    token: str | None = Field(
+        default=None,
+        description="Bearer token the CLI sends; unset means the one `jigsaw up` stored.",
+    )
+    page_size_max: int = Field(
+        default=500, ge=1, description="Largest page a list endpoint returns."
+    )
+
+
+class SchedulerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_SCHEDULER_", extra="ignore")
+
+    round_seconds: float = Field(
+        default=1.0, gt=0, description="Period of the scheduling round loop."
+    )
+    policy: str = Field(default="fifo", description="Scheduling policy the loop calls.")
+    lease_iterations: int = Field(
+        default=100,
+        ge=1,
+        description="Iterations a job may run before its lease must be renewed at a boundary.",
+    )
+    agent_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="An agent silent for this long is considered dead and loses its GPUs.",
+    )
+
+
+class Settings(BaseSettings):
+    """All settings; sections are read independently from their own prefixes."""
+
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_", extra="ignore")
+
+    home: Path = Field(
+        default_factory=lambda: HomeSettings().home,
+        description="Directory for all local state (see HomeSettings).",
+    )
+    database: DatabaseSettings = Field(
+        default_factory=DatabaseSettings, description="Database connection."
+    )
+    api: APISettings = Field(default_factory=APISettings, description="HTTP API and CLI.")
+    scheduler: SchedulerSettings = Field(
+        default_factory=SchedulerSettings, description="Scheduling round loop."
+    )
+
+    @property
+    def database_url(self) -> str:
+        if self.database.url:
+            return self.database.url
+        return f"sqlite:///{self.home / 'jigsaw.db'}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,1 @@
+"""JigSaw worker agent and training runtime (arrives with the worker-agent issue)."""
