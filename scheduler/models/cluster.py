@@ -1,0 +1,91 @@
+"""Read model of the cluster: nodes, their GPUs, agent liveness and who holds what."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler.orm import GPU, Agent, Allocation, IterationMetric, Job, Node
+
+
+@dataclass
+class Holder:
+    job_id: int
+    job_name: str
+    rank: int
+    spb: dict[str, Any]
+    utilization: float | None
+
+
+@dataclass
+class GPURow:
+    id: int
+    index: int
+    kind: str
+    memory_bytes: int
+    virtual: bool
+    holders: list[Holder] = field(default_factory=list)
+
+
+@dataclass
+class NodeRow:
+    id: int
+    name: str
+    alive: bool
+    last_heartbeat_at: datetime | None
+    agent_version: str
+    gpus: list[GPURow] = field(default_factory=list)
+
+
+def cluster_view(session: Session) -> list[NodeRow]:
+    """Every node with its GPUs and their current holders; four queries in all."""
+    nodes: dict[int, NodeRow] = {}
+    for node, agent in session.execute(
+        select(Node, Agent).outerjoin(Agent, Agent.node_id == Node.id).order_by(Node.name)
+    ):
+        nodes[node.id] = NodeRow(
+            id=node.id,
+            name=node.name,
+            alive=bool(agent and agent.alive),
+            last_heartbeat_at=agent.last_heartbeat_at if agent else None,
+            agent_version=agent.version if agent else "",
+        )
+    gpus: dict[int, GPURow] = {}
+    for gpu in session.scalars(select(GPU).order_by(GPU.node_id, GPU.index)):
+        row = GPURow(gpu.id, gpu.index, gpu.kind, gpu.memory_bytes, gpu.virtual)
+        gpus[gpu.id] = row
+        nodes[gpu.node_id].gpus.append(row)
+    held = session.execute(
+        select(Allocation, Job.name)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(Allocation.released_at.is_(None))
+    ).all()
+    utilization = _latest_utilization(session, {alloc.job_id for alloc, _ in held})
+    for alloc, job_name in held:
+        gpus[alloc.gpu_id].holders.append(
+            Holder(alloc.job_id, job_name, alloc.rank, alloc.spb, utilization.get(alloc.job_id))
+        )
+    return list(nodes.values())
+
+
+def _latest_utilization(session: Session, job_ids: set[int]) -> dict[int, float | None]:
+    if not job_ids:
+        return {}
+    latest = (
+        select(IterationMetric.job_id, func.max(IterationMetric.iteration).label("it"))
+        .where(IterationMetric.job_id.in_(job_ids))
+        .group_by(IterationMetric.job_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(IterationMetric.job_id, IterationMetric.utilization).join(
+            latest,
+            (IterationMetric.job_id == latest.c.job_id)
+            & (IterationMetric.iteration == latest.c.it),
+        )
+    )
+    return {job_id: util for job_id, util in rows}

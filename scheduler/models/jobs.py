@@ -1,0 +1,99 @@
+"""Job rows: submit, read with owner isolation, list with filters, cancel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler.jobspec import JobSpec
+from scheduler.models.users import Principal
+from scheduler.orm import Event, Job, User
+from scheduler.states import JobState, transition
+
+
+def submit(session: Session, spec: JobSpec, owner: Principal) -> Job:
+    if owner.user_id is None:
+        raise ValueError("only users submit jobs")
+    job = Job(
+        name=spec.name,
+        owner_id=owner.user_id,
+        queue=spec.queue,
+        priority=spec.priority,
+        workers=spec.workers,
+        spec=spec.model_dump(mode="json"),
+        state=JobState.QUEUED.value,
+    )
+    session.add(job)
+    session.flush()
+    session.add(
+        Event(
+            job_id=job.id,
+            kind="transition",
+            from_state=None,
+            to_state=JobState.QUEUED.value,
+            actor=owner.user_name,
+            message="submitted",
+            created_at=job.created_at,
+        )
+    )
+    return job
+
+
+def visible_job(session: Session, job_id: int, viewer: Principal) -> Job | None:
+    """The job if it exists and the viewer may see it (owner or admin), else None.
+
+    Callers answer 404 for both cases, so a user cannot probe other users' job ids.
+    """
+    job = session.get(Job, job_id)
+    if job is None or not (viewer.is_admin or job.owner_id == viewer.user_id):
+        return None
+    return job
+
+
+def list_jobs(
+    session: Session,
+    viewer: Principal,
+    *,
+    states: Sequence[JobState] = (),
+    owner: str | None = None,
+    after_id: int | None = None,
+    limit: int = 50,
+) -> tuple[list[tuple[Job, str]], int]:
+    """A page of (job, owner name), newest first, and the total matching the filters.
+
+    Keyset pagination on id (`after_id` = last id of the previous page): stable while
+    jobs are being submitted, and O(page) however deep the page.
+    """
+    query = select(Job, User.name).join(User, Job.owner_id == User.id)
+    if not viewer.is_admin:
+        query = query.where(Job.owner_id == viewer.user_id)
+    if owner is not None:
+        query = query.where(User.name == owner)
+    if states:
+        query = query.where(Job.state.in_([s.value for s in states]))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    if after_id is not None:
+        query = query.where(Job.id < after_id)
+    rows = session.execute(query.order_by(Job.id.desc()).limit(limit)).all()
+    return [(job, name) for job, name in rows], total
+
+
+def cancel(session: Session, job: Job, actor: Principal) -> Job:
+    """Cancel a job in any non-terminal state (raises IllegalTransition otherwise).
+
+    The scheduler releases the job's GPUs and stops its workers on its next round.
+    """
+    return transition(session, job, JobState.CANCELLED, actor=actor.user_name, message="cancelled")
+
+
+def events(session: Session, job_id: int, *, after_id: int = 0, limit: int = 500) -> list[Event]:
+    return list(
+        session.scalars(
+            select(Event)
+            .where(Event.job_id == job_id, Event.id > after_id)
+            .order_by(Event.id)
+            .limit(limit)
+        )
+    )

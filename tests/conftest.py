@@ -1,0 +1,95 @@
+"""Shared fixtures: every database test runs on SQLite and on a real PostgreSQL.
+
+PostgreSQL tests use a fresh database per test, created on the server named by
+JIGSAW_TEST_POSTGRES_URL (default: the local trust-auth server). Locally they skip when
+the server is unreachable; under CI (CI=true) a skipped PostgreSQL test fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+
+from scheduler.db import make_engine
+from scheduler.migrate import upgrade
+
+POSTGRES_SERVER_URL = os.environ.get(
+    "JIGSAW_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+UNDER_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+_skipped_postgres: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and "postgres" in report.keywords:
+        _skipped_postgres.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if UNDER_CI and _skipped_postgres:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"FAILED: {len(_skipped_postgres)} PostgreSQL test(s) skipped under CI: "
+                + ", ".join(_skipped_postgres[:5]),
+                red=True,
+            )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _postgres_admin_engine() -> Engine:
+    return create_engine(POSTGRES_SERVER_URL, isolation_level="AUTOCOMMIT")
+
+
+@pytest.fixture(scope="session")
+def postgres_available() -> bool:
+    try:
+        with _postgres_admin_engine().connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not reachable"
+        return False
+
+
+@pytest.fixture
+def postgres_url(postgres_available: bool) -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    if not postgres_available:
+        pytest.skip(f"PostgreSQL not reachable at {POSTGRES_SERVER_URL}")
+    name = f"jigsaw_test_{uuid.uuid4().hex[:12]}"
+    admin = _postgres_admin_engine()
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(POSTGRES_SERVER_URL).set(database=name).render_as_string(
+            hide_password=False
+        )
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(
+    params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)],
+)
+def db_url(request: pytest.FixtureRequest, tmp_path: object) -> str:
+    """An empty database URL on each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/jigsaw.db"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """A migrated database on each backend."""
+    eng = make_engine(db_url)
+    upgrade(eng)
+    yield eng
+    eng.dispose()
