@@ -1,0 +1,336 @@
+"""The scheduling round loop.
+
+Each round, in short transactions so the API is never blocked for long:
+  1. ingest the dispatcher's reports (progress, jobs that ended);
+  2. expire agents that stopped heartbeating: their jobs lose their GPUs and requeue;
+  3. release the GPUs of jobs that ended otherwise (cancelled through the API);
+  4. snapshot the cluster, ask the policy for a plan, apply it and dispatch.
+
+The API changes job states concurrently, so every transition here may lose a race
+(IllegalTransition); that job is skipped for this round, never the whole round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler.db import transaction
+from scheduler.dispatch import Dispatcher, Launch, Report, Worker
+from scheduler.orm import GPU, Agent, Allocation, Event, Job, utcnow
+from scheduler.plan import Placement, Plan
+from scheduler.policies import get_policy
+from scheduler.settings import SchedulerSettings
+from scheduler.snapshot import ClusterSnapshot, build_snapshot
+from scheduler.states import TERMINAL, IllegalTransition, JobState, transition
+
+logger = logging.getLogger(__name__)
+
+ACTOR = "scheduler"
+
+# Jobs that lose their GPUs when an agent dies go back to the queue; a suspended job
+# keeps its state and is simply placed afresh when resumed.
+_REQUEUE_FROM = (JobState.SCHEDULED, JobState.RUNNING)
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    reports: int = 0  # reports ingested
+    finished: int = 0  # jobs that succeeded or failed
+    agents_lost: int = 0
+    requeued: int = 0  # jobs sent back to the queue by a lost agent
+    released: int = 0  # ended jobs (e.g. cancelled) whose GPUs were freed
+    started: int = 0  # placements launched and running
+    suspended: int = 0
+    stopped: int = 0  # jobs the policy gave up on
+    conflicts: int = 0  # transitions lost to a concurrent change
+    seconds: float = 0.0
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        dispatcher: Dispatcher,
+        settings: SchedulerSettings,
+        policy_name: str | None = None,
+    ) -> None:
+        self._factory = factory
+        self._dispatcher = dispatcher
+        self._settings = settings
+        self._policy_name = policy_name or settings.policy
+        self._policy = get_policy(self._policy_name)
+        self._conflicts = 0
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Run rounds every `round_seconds` until `stop` is set; a failed round is logged."""
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                result = self.run_round()
+                logger.debug("round: %s", result)
+            except Exception:
+                logger.exception("scheduling round failed; retrying next round")
+            stop.wait(max(self._settings.round_seconds - (time.monotonic() - started), 0.0))
+
+    def run_round(self, now: datetime | None = None) -> RoundResult:
+        now = now or utcnow()
+        started = time.perf_counter()
+        self._conflicts = 0
+        reports = self._dispatcher.poll(now)
+        finished = self._ingest(reports, now)
+        agents_lost, requeued = self._expire_agents(now)
+        released = self._release_ended(now)
+        with transaction(self._factory) as session:
+            snapshot = build_snapshot(session, now)
+        plan = self._policy(snapshot)
+        suspended, stopped = self._end_runs(plan, now)
+        launched = self._start(plan, snapshot, now)
+        return RoundResult(
+            reports=len(reports),
+            finished=finished,
+            agents_lost=agents_lost,
+            requeued=requeued,
+            released=released,
+            started=launched,
+            suspended=suspended,
+            stopped=stopped,
+            conflicts=self._conflicts,
+            seconds=time.perf_counter() - started,
+        )
+
+    # -- 1. reports -----------------------------------------------------------------
+
+    def _ingest(self, reports: list[Report], now: datetime) -> int:
+        if not reports:
+            return 0
+        ended: list[int] = []
+        with transaction(self._factory) as session:
+            jobs = {
+                job.id: job
+                for job in session.scalars(
+                    select(Job).where(Job.id.in_({report.job_id for report in reports}))
+                )
+            }
+            for report in reports:
+                job = jobs.get(report.job_id)
+                # Reports of jobs no longer running (cancelled, requeued) are stale.
+                if job is None or job.state != JobState.RUNNING:
+                    continue
+                job.iterations_done = max(job.iterations_done, report.iterations_done)
+                if not (report.finished or report.failed):
+                    continue
+                target = JobState.FAILED if report.failed else JobState.SUCCEEDED
+                if self._transition(session, job, target, report.message or "finished"):
+                    ended.append(job.id)
+            _release(session, ended, now)
+        return len(ended)
+
+    # -- 2. liveness ----------------------------------------------------------------
+
+    def _expire_agents(self, now: datetime) -> tuple[int, int]:
+        cutoff = now - timedelta(seconds=self._settings.agent_timeout_seconds)
+        with transaction(self._factory) as session:
+            lost = session.scalars(
+                select(Agent).where(Agent.alive.is_(True), Agent.last_heartbeat_at < cutoff)
+            ).all()
+            if not lost:
+                return 0, 0
+            for agent in lost:
+                agent.alive = False
+                session.add(
+                    Event(
+                        kind="agent_lost",
+                        actor=ACTOR,
+                        message=f"no heartbeat since {agent.last_heartbeat_at.isoformat()}",
+                        data={"agent_id": agent.id, "node_id": agent.node_id},
+                    )
+                )
+            # A subquery, not DISTINCT over jobs: PostgreSQL cannot compare JSON columns.
+            holding = (
+                select(Allocation.job_id)
+                .join(GPU, GPU.id == Allocation.gpu_id)
+                .where(
+                    GPU.node_id.in_([agent.node_id for agent in lost]),
+                    Allocation.released_at.is_(None),
+                )
+            )
+            jobs = session.scalars(select(Job).where(Job.id.in_(holding))).all()
+            # The whole gang stops, not only the ranks on the lost node.
+            _release(session, [job.id for job in jobs], now)
+            requeued = [
+                job.id
+                for job in jobs
+                if job.state in _REQUEUE_FROM
+                and self._transition(session, job, JobState.QUEUED, "agent lost")
+            ]
+            logger.warning(
+                "agents lost on nodes %s; requeued jobs %s",
+                [agent.node_id for agent in lost],
+                requeued,
+            )
+        # Only after the commit: a dispatcher must never act on a decision that rolled back.
+        self._command(self._dispatcher.stop, [job.id for job in jobs])
+        return len(lost), len(requeued)
+
+    # -- 3. ended jobs --------------------------------------------------------------
+
+    def _release_ended(self, now: datetime) -> int:
+        with transaction(self._factory) as session:
+            ended = session.scalars(
+                select(Allocation.job_id)
+                .join(Job, Job.id == Allocation.job_id)
+                .where(
+                    Allocation.released_at.is_(None),
+                    Job.state.in_([state.value for state in TERMINAL]),
+                )
+                .distinct()
+            ).all()
+            _release(session, ended, now)
+        self._command(self._dispatcher.stop, ended)
+        return len(ended)
+
+    # -- 4. the plan ----------------------------------------------------------------
+
+    def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:
+        """Suspend and stop what the policy asked, releasing those jobs' GPUs."""
+        suspended = self._end_each(plan.suspend, JobState.SUSPENDED, "suspended by policy", now)
+        self._command(self._dispatcher.suspend, suspended)
+        stopped = self._end_each(plan.stop, JobState.FAILED, "stopped by policy", now)
+        self._command(self._dispatcher.stop, stopped)
+        return len(suspended), len(stopped)
+
+    def _end_each(
+        self, job_ids: Iterable[int], target: JobState, message: str, now: datetime
+    ) -> list[int]:
+        done = []
+        for job_id in job_ids:
+            with transaction(self._factory) as session:
+                job = session.get(Job, job_id)
+                if job is not None and self._transition(session, job, target, message):
+                    _release(session, [job_id], now)
+                    done.append(job_id)
+        return done
+
+    def _start(self, plan: Plan, snapshot: ClusterSnapshot, now: datetime) -> int:
+        gpus = snapshot.gpus_by_id()
+        jobs = {job.id: job for job in snapshot.jobs}
+        running = 0
+        for placement in plan.start:
+            job = jobs[placement.job_id]
+            workers = tuple(
+                Worker(
+                    rank, gpu_id, gpus[gpu_id].node_id, gpus[gpu_id].node_name, gpus[gpu_id].index
+                )
+                for rank, gpu_id in enumerate(placement.gpu_ids)
+            )
+            if not self._allocate(placement, workers, now):
+                continue
+            launch = Launch(
+                job_id=job.id,
+                spec=job.spec,
+                workers=workers,
+                spb=placement.spb,
+                start_iteration=job.iterations_done,
+                lease_iterations=self._settings.lease_iterations,
+            )
+            running += self._launch(launch, now)
+        return running
+
+    def _launch(self, launch: Launch, now: datetime) -> bool:
+        """Dispatch a SCHEDULED job: RUNNING once acknowledged, else back to the queue."""
+        try:
+            acknowledged = self._dispatcher.launch(launch)
+        except Exception:
+            logger.exception("launching job %d failed", launch.job_id)
+            acknowledged = False
+        with transaction(self._factory) as session:
+            job = session.get(Job, launch.job_id)
+            if job is None:  # deleted meanwhile; its allocations went with it
+                return False
+            if acknowledged:
+                return self._transition(session, job, JobState.RUNNING, "launched")
+            if self._transition(session, job, JobState.QUEUED, "launch refused"):
+                _release(session, [job.id], now)
+            return False
+
+    def _allocate(self, placement: Placement, workers: tuple[Worker, ...], now: datetime) -> bool:
+        """QUEUED -> SCHEDULED with its allocations and a decision event, atomically."""
+        with transaction(self._factory) as session:
+            job = session.get(Job, placement.job_id)
+            if job is None or not self._transition(
+                session, job, JobState.SCHEDULED, f"placed by {self._policy_name}"
+            ):
+                return False
+            session.add_all(
+                Allocation(
+                    job_id=job.id,
+                    gpu_id=gpu_id,
+                    rank=rank,
+                    spb=placement.spb,
+                    lease_start_iteration=job.iterations_done,
+                    lease_iterations=self._settings.lease_iterations,
+                    created_at=now,
+                )
+                for rank, gpu_id in enumerate(placement.gpu_ids)
+            )
+            session.add(
+                Event(
+                    job_id=job.id,
+                    kind="decision",
+                    actor=ACTOR,
+                    message=f"{len(workers)} GPU(s) on {sorted({w.node_name for w in workers})}",
+                    data={
+                        "policy": self._policy_name,
+                        "gpu_ids": list(placement.gpu_ids),
+                        "nodes": [worker.node_name for worker in workers],
+                        "spb": placement.spb,
+                    },
+                )
+            )
+        return True
+
+    # -- helpers --------------------------------------------------------------------
+
+    def _transition(self, session: Session, job: Job, target: JobState, message: str) -> bool:
+        """Transition, or log and count a lost race (the API changed the job meanwhile).
+
+        `transition` writes nothing when it raises, so the surrounding transaction stays
+        usable for the other jobs of the round.
+        """
+        try:
+            transition(session, job, target, actor=ACTOR, message=message)
+        except IllegalTransition as exc:
+            logger.info("skipping job %d this round: %s", job.id, exc)
+            self._conflicts += 1
+            return False
+        return True
+
+    @staticmethod
+    def _command(command: Callable[[int], None], job_ids: Iterable[int]) -> None:
+        for job_id in job_ids:
+            try:
+                command(job_id)
+            except Exception:
+                # The decision is committed and must stand; the log names the job whose
+                # workers may still be running, and their stale reports are ignored.
+                logger.exception("dispatching %s for job %d failed", command.__name__, job_id)
+
+
+def _release(session: Session, job_ids: Iterable[int], now: datetime) -> None:
+    """End every active allocation of these jobs."""
+    ids = list(job_ids)
+    if ids:
+        session.execute(
+            update(Allocation)
+            .where(Allocation.job_id.in_(ids), Allocation.released_at.is_(None))
+            .values(released_at=now)
+            .execution_options(synchronize_session=False)
+        )

@@ -1,0 +1,22 @@
+"""What a policy decides in one round; the loop applies it through the state machine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Start (or resume) a job on these GPUs; worker `rank` runs on `gpu_ids[rank]`."""
+
+    job_id: int
+    gpu_ids: tuple[int, ...]
+    spb: dict[str, Any] = field(default_factory=dict)  # structured partial backprop config
+
+
+@dataclass(frozen=True)
+class Plan:
+    start: tuple[Placement, ...] = ()
+    suspend: tuple[int, ...] = ()  # running jobs to pause, releasing their GPUs
+    stop: tuple[int, ...] = ()  # jobs the policy gives up on: they fail, releasing their GPUs

@@ -1,0 +1,22 @@
+"""Scheduling policies: pure functions from a cluster snapshot to a plan, chosen by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from scheduler.plan import Plan
+from scheduler.policies import fifo
+from scheduler.snapshot import ClusterSnapshot
+
+Policy = Callable[[ClusterSnapshot], Plan]
+
+POLICIES: dict[str, Policy] = {"fifo": fifo.schedule}
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown scheduling policy {name!r}: known policies are {', '.join(sorted(POLICIES))}"
+        ) from None

@@ -1,0 +1,144 @@
+"""An immutable picture of the cluster for one scheduling round.
+
+Policies see only these frozen views, never ORM objects, so they stay pure functions that
+unit tests can drive without a database, and cannot change state behind the loop's back.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from scheduler.orm import GPU, Agent, Allocation, Job, Node
+from scheduler.states import JobState
+
+# Jobs a policy may act on: waiting for GPUs, or holding them.
+ACTIVE_STATES: tuple[JobState, ...] = (
+    JobState.QUEUED,
+    JobState.SCHEDULED,
+    JobState.RUNNING,
+    JobState.SUSPENDED,
+)
+
+
+@dataclass(frozen=True)
+class GPUView:
+    id: int
+    node_id: int
+    node_name: str
+    index: int
+    kind: str
+    memory_bytes: int
+    holders: tuple[int, ...] = ()  # ids of jobs holding an active allocation on it
+
+
+@dataclass(frozen=True)
+class NodeView:
+    id: int
+    name: str
+    alive: bool
+    gpus: tuple[GPUView, ...] = ()
+
+    def free_gpus(self) -> tuple[GPUView, ...]:
+        """GPUs a new job could take: none on a dead node, else those nobody holds."""
+        if not self.alive:
+            return ()
+        return tuple(gpu for gpu in self.gpus if not gpu.holders)
+
+
+@dataclass(frozen=True)
+class JobView:
+    id: int
+    state: JobState
+    priority: int
+    workers: int
+    created_at: datetime
+    spec: dict[str, Any]  # the submitted JobSpec as JSON; policies must not mutate it
+    allocated_gpu_ids: tuple[int, ...] = ()  # ordered by rank
+    iterations_done: int = 0
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    nodes: tuple[NodeView, ...]
+    jobs: tuple[JobView, ...]
+    now: datetime
+
+    def alive_nodes(self) -> tuple[NodeView, ...]:
+        return tuple(node for node in self.nodes if node.alive)
+
+    def alive_gpu_count(self) -> int:
+        """Every GPU on an alive node, held or not: the most any one job could get."""
+        return sum(len(node.gpus) for node in self.alive_nodes())
+
+    def free_gpus_by_node(self) -> dict[int, tuple[GPUView, ...]]:
+        """Free GPUs of each alive node that has any, keyed by node id."""
+        free = {node.id: node.free_gpus() for node in self.nodes}
+        return {node_id: gpus for node_id, gpus in free.items() if gpus}
+
+    def gpus_by_id(self) -> dict[int, GPUView]:
+        return {gpu.id: gpu for node in self.nodes for gpu in node.gpus}
+
+    def jobs_in(self, state: JobState) -> tuple[JobView, ...]:
+        return tuple(job for job in self.jobs if job.state is state)
+
+
+def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
+    """Read the cluster in four queries, whatever its size (nodes, GPUs, holds, jobs)."""
+    # A node without an agent, or whose agent timed out, offers no capacity.
+    node_rows = session.execute(
+        select(Node.id, Node.name, Agent.alive)
+        .outerjoin(Agent, Agent.node_id == Node.id)
+        .order_by(Node.name)  # names are unique: every later iteration is deterministic
+    ).all()
+    holders: dict[int, list[int]] = defaultdict(list)
+    held_by_job: dict[int, list[int]] = defaultdict(list)
+    for job_id, gpu_id in session.execute(
+        select(Allocation.job_id, Allocation.gpu_id)
+        .where(Allocation.released_at.is_(None))
+        .order_by(Allocation.job_id, Allocation.rank)
+    ):
+        holders[gpu_id].append(job_id)
+        held_by_job[job_id].append(gpu_id)
+
+    gpus_by_node: dict[int, list[GPUView]] = defaultdict(list)
+    for gpu, node_name in session.execute(
+        select(GPU, Node.name).join(Node, Node.id == GPU.node_id).order_by(GPU.index)
+    ):
+        gpus_by_node[gpu.node_id].append(
+            GPUView(
+                id=gpu.id,
+                node_id=gpu.node_id,
+                node_name=node_name,
+                index=gpu.index,
+                kind=gpu.kind,
+                memory_bytes=gpu.memory_bytes,
+                holders=tuple(holders.get(gpu.id, ())),
+            )
+        )
+    nodes = tuple(
+        NodeView(id=node_id, name=name, alive=bool(alive), gpus=tuple(gpus_by_node[node_id]))
+        for node_id, name, alive in node_rows
+    )
+
+    jobs = tuple(
+        JobView(
+            id=job.id,
+            state=JobState(job.state),
+            priority=job.priority,
+            workers=job.workers,
+            created_at=job.created_at,
+            spec=job.spec,
+            allocated_gpu_ids=tuple(held_by_job.get(job.id, ())),
+            iterations_done=job.iterations_done,
+        )
+        for job in session.scalars(
+            select(Job).where(Job.state.in_([state.value for state in ACTIVE_STATES]))
+        )
+    )
+    return ClusterSnapshot(nodes=nodes, jobs=jobs, now=now)
