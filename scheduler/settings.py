@@ -72,9 +72,6 @@ class APISettings(BaseSettings):
         default=None,
         description="Bearer token the CLI sends; unset means the one `jigsaw up` stored.",
     )
-    page_size_max: int = Field(
-        default=500, ge=1, description="Largest page a list endpoint returns."
-    )
 
 
 class SchedulerSettings(BaseSettings):

@@ -8,15 +8,23 @@ the server is unreachable; under CI (CI=true) a skipped PostgreSQL test fails th
 from __future__ import annotations
 
 import os
+import threading
+import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
+import httpx
 import pytest
+import uvicorn
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
-from scheduler.db import make_engine
+from scheduler.db import make_engine, session_factory
 from scheduler.migrate import upgrade
+from scheduler.models.users import AGENT_SCOPE, USER_SCOPE, get_or_create_user, issue_token
+from scheduler.settings import DatabaseSettings, Settings
 
 POSTGRES_SERVER_URL = os.environ.get(
     "JIGSAW_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -67,9 +75,7 @@ def postgres_url(postgres_available: bool) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield make_url(POSTGRES_SERVER_URL).set(database=name).render_as_string(
-            hide_password=False
-        )
+        yield make_url(POSTGRES_SERVER_URL).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
@@ -93,3 +99,50 @@ def engine(db_url: str) -> Iterator[Engine]:
     upgrade(eng)
     yield eng
     eng.dispose()
+
+
+@dataclass(frozen=True)
+class LiveApi:
+    base_url: str
+    alice: str
+    bob: str
+    root: str
+    agent: str
+    engine: Engine
+
+    def client(self, token: str | None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+
+
+@pytest.fixture
+def live_api(engine: Engine, db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
+    """The real app under uvicorn on a loopback port, with users alice, bob and root."""
+    from api.app import create_app
+
+    with session_factory(engine)() as session, session.begin():
+        tokens = {
+            name: issue_token(
+                session, scope=USER_SCOPE, user=get_or_create_user(session, name, is_admin=admin)
+            )
+            for name, admin in (("alice", False), ("bob", False), ("root", True))
+        }
+        agent = issue_token(session, scope=AGENT_SCOPE)
+    settings = Settings(home=tmp_path, database=DatabaseSettings(url=db_url))
+    app = create_app(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield LiveApi(f"http://127.0.0.1:{port}", **tokens, agent=agent, engine=engine)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        app.state.engine.dispose()

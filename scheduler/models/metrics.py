@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, cast, func, insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from scheduler.orm import IterationMetric
@@ -38,7 +38,8 @@ def record(session: Session, rows: Iterable[Mapping[str, Any]]) -> int:
 def series(session: Session, job_id: int, *, points: int = 500) -> list[SeriesPoint]:
     """At most `points` buckets of consecutive iterations, each the mean of its rows.
 
-    Bucketing happens in SQL (integer division of the iteration index), so the answer
+    Bucketing happens in SQL (floor division of the iteration index: `/` would be true
+    division, which PostgreSQL then rounds when cast), so the answer
     costs one indexed scan of the job's rows and returns O(points) rows however long
     the job ran.
     """
@@ -51,7 +52,7 @@ def series(session: Session, job_id: int, *, points: int = 500) -> list[SeriesPo
     if low is None:
         return []
     width = max(1, -(-(high - low + 1) // points))  # ceil division
-    bucket = cast((IterationMetric.iteration - low) / width, Integer).label("bucket")
+    bucket = ((IterationMetric.iteration - low) // width).label("bucket")
     columns = [func.avg(getattr(IterationMetric, name)).label(name) for name in SERIES_FIELDS]
     query = (
         select(bucket, func.max(IterationMetric.iteration).label("iteration"), *columns)

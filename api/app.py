@@ -1,0 +1,27 @@
+"""The FastAPI application. It serves HTTP only; `api/server.py` migrates and runs it."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from api import errors, observability
+from api.routes import cluster, health, jobs
+from scheduler.db import engine_from_settings, session_factory
+from scheduler.settings import Settings, get_settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="JigSaw",
+        version="1",
+        description="Iteration-level GPU cluster scheduler for deep-learning training.",
+    )
+    app.state.settings = settings
+    app.state.engine = engine_from_settings(settings)
+    app.state.session_factory = session_factory(app.state.engine)
+    errors.install(app)
+    app.state.metrics = observability.install(app)
+    for router in (health.router, jobs.router, cluster.router):
+        app.include_router(router)
+    return app

@@ -1,0 +1,47 @@
+"""Request dependencies: the session factory and the authenticated principal."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.errors import ApiProblem
+from scheduler.db import transaction
+from scheduler.models.users import USER_SCOPE, Principal, authenticate
+
+
+def get_factory(request: Request) -> sessionmaker[Session]:
+    factory: sessionmaker[Session] = request.app.state.session_factory
+    return factory
+
+
+Factory = Annotated[sessionmaker[Session], Depends(get_factory)]
+
+
+def _bearer(request: Request) -> str:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiProblem(401, "missing bearer token: send 'Authorization: Bearer <token>'")
+    return token.strip()
+
+
+def get_principal(request: Request, factory: Factory) -> Principal:
+    token = _bearer(request)
+    with transaction(factory) as session:
+        principal = authenticate(session, token)
+    if principal is None:
+        raise ApiProblem(401, "invalid or revoked token")
+    return principal
+
+
+def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    """A user (not an agent) principal; agents' cluster token cannot use the user API."""
+    if principal.scope != USER_SCOPE:
+        raise ApiProblem(403, "agent tokens cannot use the user API")
+    return principal
+
+
+User = Annotated[Principal, Depends(get_user)]

@@ -1,0 +1,1 @@
+"""HTTP routes: parse, call scheduler.models in one transaction, map errors."""

@@ -1,0 +1,113 @@
+"""/v1/jobs: submit, list, get, cancel, events, metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+from sqlalchemy.orm import Session
+
+from api.deps import Factory, User
+from api.errors import ApiProblem
+from api.schemas import EventOut, EventPage, JobOut, JobPage, MetricPoint, MetricSeries
+from scheduler.db import transaction
+from scheduler.jobspec import JobSpec
+from scheduler.models import jobs as job_models
+from scheduler.models import metrics as metric_models
+from scheduler.models.users import Principal
+from scheduler.orm import Job
+from scheduler.orm import User as UserRow
+from scheduler.states import JobState
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+# Ids are BIGINT: anything larger cannot exist, and must not reach the database driver.
+JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="Job id.")]
+
+
+def _owned(session: Session, job_id: int, viewer: Principal) -> Job:
+    job = job_models.visible_job(session, job_id, viewer)
+    if job is None:
+        raise ApiProblem(404, f"job {job_id} not found")
+    return job
+
+
+def _owner_name(session: Session, job: Job) -> str:
+    owner = session.get(UserRow, job.owner_id)
+    return owner.name if owner else ""
+
+
+@router.post("", status_code=201)
+def submit_job(spec: JobSpec, user: User, factory: Factory) -> JobOut:
+    """Queue a job; it belongs to the caller."""
+    with transaction(factory) as session:
+        job = job_models.submit(session, spec, user)
+        return JobOut.of(job, user.user_name)
+
+
+@router.get("")
+def list_jobs(
+    user: User,
+    factory: Factory,
+    state: Annotated[list[JobState] | None, Query(description="Filter by state.")] = None,
+    owner: Annotated[str | None, Query(max_length=64, description="Owner name.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    after: Annotated[
+        int | None, Query(ge=1, le=2**63 - 1, description="next_after of the previous page.")
+    ] = None,
+) -> JobPage:
+    """Jobs newest first; non-admins see only their own."""
+    with transaction(factory) as session:
+        rows, total = job_models.list_jobs(
+            session, user, states=state or (), owner=owner, after_id=after, limit=limit
+        )
+    items = [JobOut.of(job, name) for job, name in rows]
+    next_after = items[-1].id if len(items) == limit else None
+    return JobPage(items=items, total=total, next_after=next_after)
+
+
+@router.get("/{job_id}")
+def get_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
+    with transaction(factory) as session:
+        job = _owned(session, job_id, user)
+        return JobOut.of(job, _owner_name(session, job))
+
+
+@router.post("/{job_id}/cancel")
+def cancel_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
+    """Cancel a job that has not ended (409 if it has)."""
+    with transaction(factory) as session:
+        job = job_models.cancel(session, _owned(session, job_id, user), user)
+        return JobOut.of(job, _owner_name(session, job))
+
+
+@router.get("/{job_id}/events")
+def job_events(
+    job_id: JobId,
+    user: User,
+    factory: Factory,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> EventPage:
+    """The job's audit log: transitions and scheduler decisions, oldest first."""
+    with transaction(factory) as session:
+        _owned(session, job_id, user)
+        events = job_models.events(session, job_id, after_id=after, limit=limit)
+        return EventPage(items=[EventOut.of(event) for event in events])
+
+
+@router.get("/{job_id}/metrics")
+def job_metrics(
+    job_id: JobId,
+    user: User,
+    factory: Factory,
+    points: Annotated[int, Query(ge=1, le=5000, description="Most points returned.")] = 500,
+) -> MetricSeries:
+    """Per-iteration metrics, downsampled to at most `points` buckets."""
+    with transaction(factory) as session:
+        _owned(session, job_id, user)
+        series = metric_models.series(session, job_id, points=points)
+    return MetricSeries(
+        job_id=job_id,
+        points=[MetricPoint(iteration=p.iteration, **p.values) for p in series],
+    )

@@ -1,0 +1,141 @@
+"""Response schemas of the HTTP API (requests use scheduler.jobspec.JobSpec directly)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel
+
+from scheduler.orm import Event, Job
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    owner: str
+    queue: str
+    priority: int
+    workers: int
+    state: str
+    message: str
+    attempts: int
+    iterations_done: int
+    spec: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, job: Job, owner: str) -> JobOut:
+        return cls(
+            id=job.id,
+            name=job.name,
+            owner=owner,
+            queue=job.queue,
+            priority=job.priority,
+            workers=job.workers,
+            state=job.state,
+            message=job.message,
+            attempts=job.attempts,
+            iterations_done=job.iterations_done,
+            spec=job.spec,
+            created_at=job.created_at,
+            updated_at=job.updated_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+        )
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    total: int
+    next_after: int | None
+
+
+class EventOut(BaseModel):
+    id: int
+    kind: str
+    from_state: str | None
+    to_state: str | None
+    actor: str
+    message: str
+    data: dict[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def of(cls, event: Event) -> EventOut:
+        return cls(
+            id=event.id,
+            kind=event.kind,
+            from_state=event.from_state,
+            to_state=event.to_state,
+            actor=event.actor,
+            message=event.message,
+            data=event.data,
+            created_at=event.created_at,
+        )
+
+
+class EventPage(BaseModel):
+    items: list[EventOut]
+
+
+class MetricPoint(BaseModel):
+    iteration: int
+    step_seconds: float | None
+    compute_seconds: float | None
+    comm_seconds: float | None
+    samples_per_second: float | None
+    loss: float | None
+    utilization: float | None
+
+
+class MetricSeries(BaseModel):
+    job_id: int
+    points: list[MetricPoint]
+
+
+class HolderOut(BaseModel):
+    job_id: int | None
+    job_name: str
+    rank: int
+    spb: dict[str, Any]
+    utilization: float | None
+
+
+class GPUOut(BaseModel):
+    id: int
+    index: int
+    kind: str
+    memory_bytes: int
+    virtual: bool
+    holders: list[HolderOut]
+
+
+class NodeOut(BaseModel):
+    id: int
+    name: str
+    alive: bool
+    last_heartbeat_at: datetime | None
+    agent_version: str
+    gpus: list[GPUOut]
+
+
+class ClusterTotals(BaseModel):
+    gpus: int
+    gpus_busy: int
+    gpus_free: int
+    jobs_queued: int
+    jobs_running: int
+
+
+class ClusterOut(BaseModel):
+    nodes: list[NodeOut]
+    totals: ClusterTotals
+
+
+class WhoAmI(BaseModel):
+    name: str
+    is_admin: bool
