@@ -1,0 +1,759 @@
+"""The `jigsaw` command line: tables for people, `--json` for scripts.
+
+API commands find the server and token through `api.credentials.resolve` (`--url` /
+`--token`, then `JIGSAW_API_URL` / `JIGSAW_API_TOKEN`, then the credentials.json that
+`jigsaw up` writes under JIGSAW_HOME). `db` and `token` work directly on the database
+named by the settings. Exit codes: 0 success, 1 the API or database refused or could not
+be reached, 2 bad input (usage, an unreadable or invalid job spec).
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from api.client import ApiError, JigsawClient
+from api.credentials import load_credentials, resolve
+from scheduler.jobspec import JobSpec
+from scheduler.settings import Settings
+from scheduler.states import JobState
+
+app = typer.Typer(
+    name="jigsaw",
+    help="JigSaw: an iteration-level GPU cluster scheduler for deep-learning training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # locals may hold tokens
+)
+db_app = typer.Typer(
+    help="Schema migrations, run directly on the database the settings name.",
+    no_args_is_help=True,
+)
+token_app = typer.Typer(
+    help="Bearer tokens, created directly in the database.", no_args_is_help=True
+)
+app.add_typer(db_app, name="db")
+app.add_typer(token_app, name="token")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+EXIT_ERROR = 1
+EXIT_BAD_INPUT = 2
+
+STATE_STYLE = {
+    "QUEUED": "yellow",
+    "SCHEDULED": "cyan",
+    "RUNNING": "green",
+    "SUSPENDED": "magenta",
+    "SUCCEEDED": "bold green",
+    "FAILED": "bold red",
+    "CANCELLED": "dim",
+}
+TERMINAL_STATES = {state.value for state in JobState if state.terminal}
+_USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+@dataclass
+class _Options:
+    url: str | None = None
+    token: str | None = None
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> NoReturn:
+    err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        lines = "; ".join(_format_errors(exc))
+        _fail(f"invalid JIGSAW_* setting: {lines}", EXIT_BAD_INPUT)
+
+
+def _options(ctx: typer.Context) -> _Options:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, _Options) else _Options()
+
+
+@contextmanager
+def _api(ctx: typer.Context) -> Iterator[JigsawClient]:
+    """A client for the configured server; any ApiError becomes one red line and exit 1."""
+    options = _options(ctx)
+    settings = _settings()
+    credentials = resolve(settings, url=options.url, token=options.token)
+    if not credentials.token:
+        _fail(
+            f"no API token: start the server with `jigsaw up` (it stores one in "
+            f"{settings.home / 'credentials.json'}) or set JIGSAW_API_TOKEN"
+        )
+    try:
+        with JigsawClient(credentials.url, credentials.token) as client:
+            yield client
+    except ApiError as exc:
+        _fail(str(exc))
+
+
+def _echo_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=False))
+
+
+def _state(state: str) -> str:
+    return f"[{STATE_STYLE.get(state, '')}]{state}[/]" if state in STATE_STYLE else state
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _ago(value: Any) -> str:
+    moment = _parse_time(value)
+    if moment is None:
+        return "-"
+    seconds = max(0, int((datetime.now(UTC) - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def _when(value: Any) -> str:
+    moment = _parse_time(value)
+    if moment is None:
+        return "-"
+    return f"{moment.astimezone().strftime('%Y-%m-%d %H:%M:%S')} ({_ago(value)})"
+
+
+def _progress(job: dict[str, Any]) -> str:
+    done = job.get("iterations_done", 0)
+    spec = job.get("spec") or {}
+    total = spec.get("max_iterations") if isinstance(spec, dict) else None
+    if total:
+        return f"{done:,}/{total:,} ({100 * done / total:.0f}%)"
+    return f"{done:,}"
+
+
+# -- job spec files -------------------------------------------------------------------
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """YAML 1.2 booleans: only true/false, so `spb: off` stays the string "off"."""
+
+
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_SpecLoader.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def load_spec_file(path: Path) -> Any:
+    """The parsed file (JSON for `.json`, YAML otherwise); exit 2 with the reason if not."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        _fail(f"{path}: no such file", EXIT_BAD_INPUT)
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"{path}: cannot read: {exc}", EXIT_BAD_INPUT)
+    try:
+        if path.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.load(text, Loader=_SpecLoader)
+    except json.JSONDecodeError as exc:
+        _fail(
+            f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
+            EXIT_BAD_INPUT,
+        )
+    except yaml.YAMLError as exc:
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        _fail(f"{path}: not valid YAML: {problem}{where}", EXIT_BAD_INPUT)
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "(spec)"
+
+
+def _format_errors(exc: ValidationError) -> list[str]:
+    lines = []
+    for error in exc.errors(include_url=False):
+        message = str(error.get("msg", ""))
+        kind = error.get("type")
+        if kind == "extra_forbidden":
+            message = "unknown field"
+        elif kind == "missing":
+            message = "required field is missing"
+        message = message.removeprefix("Value error, ")
+        lines.append(f"{_format_loc(tuple(error.get('loc', ())))}: {message}")
+    return lines
+
+
+def validate_spec(path: Path, data: Any) -> JobSpec:
+    if not isinstance(data, dict):
+        _fail(f"{path}: a job spec is a mapping of fields (name, workload, ...)", EXIT_BAD_INPUT)
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        err.print(f"[red]error:[/red] {escape(str(path))} is not a valid job spec:", soft_wrap=True)
+        for line in _format_errors(exc):
+            err.print(f"  - {escape(line)}", soft_wrap=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+# -- root -----------------------------------------------------------------------------
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="API base URL (default: JIGSAW_API_URL, then credentials)."),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", help="Bearer token (default: JIGSAW_API_TOKEN, then credentials)."),
+    ] = None,
+) -> None:
+    ctx.obj = _Options(url=url, token=token)
+
+
+# -- server ---------------------------------------------------------------------------
+
+
+@app.command()
+def up(
+    host: Annotated[str | None, typer.Option(help="Bind address [JIGSAW_API_HOST].")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Port [JIGSAW_API_PORT]; 0 picks one.")
+    ] = None,
+    virtual_nodes: Annotated[
+        int, typer.Option(min=0, max=1024, help="Simulated nodes to register (until real agents).")
+    ] = 0,
+    gpus_per_node: Annotated[
+        int, typer.Option(min=1, max=64, help="Virtual GPUs per simulated node.")
+    ] = 4,
+    scheduler: Annotated[
+        bool, typer.Option("--scheduler/--no-scheduler", help="Run the scheduler loop here.")
+    ] = True,
+    sim_speed: Annotated[
+        float, typer.Option(min=0.001, help="Iterations per second of simulated jobs.")
+    ] = 50.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    access_log: Annotated[bool, typer.Option(help="Log every HTTP request.")] = False,
+) -> None:
+    """Run the API (and, as leader, the scheduler) on this machine until Ctrl-C."""
+    from api.server import serve
+
+    settings = _settings()
+    serve(
+        settings,
+        host=host if host is not None else settings.api.host,
+        port=port if port is not None else settings.api.port,
+        scheduler=scheduler,
+        virtual_nodes=virtual_nodes,
+        gpus_per_node=gpus_per_node,
+        sim_iterations_per_second=sim_speed,
+        log_level=log_level.lower(),
+        access_log=access_log,
+    )
+
+
+# -- jobs -----------------------------------------------------------------------------
+
+
+@app.command()
+def submit(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON.", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the created job as JSON.")] = False,
+) -> None:
+    """Validate a job spec file locally, then submit it."""
+    spec = validate_spec(file, load_spec_file(file))
+    with _api(ctx) as client:
+        job = client.submit(spec.model_dump(mode="json", exclude_unset=True))
+    if as_json:
+        _echo_json(job)
+        return
+    out.print(
+        f"submitted job [bold]{job.get('id')}[/bold] ({escape(str(job.get('name')))}): "
+        f"{_state(str(job.get('state')))}"
+    )
+
+
+@app.command("jobs")
+def list_jobs(
+    ctx: typer.Context,
+    state: Annotated[
+        list[JobState] | None,
+        typer.Option("--state", "-s", case_sensitive=False, help="Only these states (repeat)."),
+    ] = None,
+    owner: Annotated[str | None, typer.Option(help="Only this user's jobs (admins).")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Page size.")] = 50,
+    after: Annotated[
+        int | None, typer.Option(min=1, help="Page after this job id (from the last page).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the page as JSON.")] = False,
+) -> None:
+    """List jobs, newest first."""
+    with _api(ctx) as client:
+        page = client.list_jobs(
+            states=[s.value for s in state or []], owner=owner, limit=limit, after=after
+        )
+    if as_json:
+        _echo_json(page)
+        return
+    items = page.get("items", [])
+    if not items:
+        out.print("no jobs")
+        return
+    table = Table(box=None, header_style="bold")
+    for column, justify in (
+        ("ID", "right"),
+        ("NAME", "left"),
+        ("OWNER", "left"),
+        ("STATE", "left"),
+        ("GPUS", "right"),
+        ("PROGRESS", "right"),
+        ("PRIO", "right"),
+        ("QUEUE", "left"),
+        ("SUBMITTED", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for job in items:
+        table.add_row(
+            str(job.get("id")),
+            escape(str(job.get("name"))),
+            escape(str(job.get("owner"))),
+            _state(str(job.get("state"))),
+            str(job.get("workers")),
+            _progress(job),
+            str(job.get("priority")),
+            escape(str(job.get("queue"))),
+            _ago(job.get("created_at")),
+        )
+    out.print(table)
+    footer = f"{len(items)} of {page.get('total', len(items))} job(s)"
+    if page.get("next_after"):
+        footer += f"; next page: jigsaw jobs --after {page['next_after']}"
+    out.print(f"[dim]{footer}[/dim]")
+
+
+@app.command("job")
+def show_job(
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    as_json: Annotated[
+        bool, typer.Option("--json", help='Print {"job": ..., "events": [...]}.')
+    ] = False,
+) -> None:
+    """Show one job and its event history."""
+    with _api(ctx) as client:
+        job = client.get_job(job_id)
+        events = client.events(job_id).get("items", [])
+    if as_json:
+        _echo_json({"job": job, "events": events})
+        return
+    spec = job.get("spec") or {}
+    info = Table.grid(padding=(0, 2))
+    info.add_column(style="bold")
+    info.add_column()
+    rows: list[tuple[str, str]] = [
+        ("job", f"{job.get('id')} ({escape(str(job.get('name')))})"),
+        ("owner", escape(str(job.get("owner")))),
+        ("state", _state(str(job.get("state")))),
+        ("message", escape(str(job.get("message") or "-"))),
+        ("workload", escape(str(spec.get("workload", "-")))),
+        ("workers", str(job.get("workers"))),
+        ("progress", _progress(job)),
+        ("queue / priority", f"{escape(str(job.get('queue')))} / {job.get('priority')}"),
+        ("attempts", str(job.get("attempts"))),
+        (
+            "spb / backprop",
+            f"{escape(json.dumps(spec.get('spb', 'off')))} / "
+            f"{escape(str(spec.get('backprop', 'standard')))}",
+        ),
+        ("submitted", _when(job.get("created_at"))),
+        ("started", _when(job.get("started_at"))),
+        ("finished", _when(job.get("finished_at"))),
+    ]
+    for key, value in rows:
+        info.add_row(key, value)
+    out.print(info)
+    if not events:
+        return
+    table = Table(title="events", box=None, header_style="bold", title_justify="left")
+    for column in ("TIME", "KIND", "CHANGE", "ACTOR", "MESSAGE"):
+        table.add_column(column)
+    for event in events:
+        change = ""
+        if event.get("to_state"):
+            before = event.get("from_state") or "-"
+            change = f"{before} → {_state(str(event['to_state']))}"
+        moment = _parse_time(event.get("created_at"))
+        table.add_row(
+            moment.astimezone().strftime("%H:%M:%S") if moment else "-",
+            escape(str(event.get("kind", ""))),
+            change,
+            escape(str(event.get("actor", ""))),
+            escape(str(event.get("message", ""))),
+        )
+    out.print(table)
+
+
+@app.command()
+def cancel(
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the job as JSON.")] = False,
+) -> None:
+    """Cancel a job; the scheduler frees its GPUs on its next round."""
+    with _api(ctx) as client:
+        job = client.cancel(job_id)
+    if as_json:
+        _echo_json(job)
+        return
+    out.print(
+        f"job {job.get('id')} ({escape(str(job.get('name')))}): {_state(str(job.get('state')))}"
+    )
+
+
+@app.command()
+def cluster(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the cluster as JSON.")] = False,
+) -> None:
+    """Nodes, their GPUs and which jobs hold them."""
+    with _api(ctx) as client:
+        view = client.cluster()
+    if as_json:
+        _echo_json(view)
+        return
+    nodes = view.get("nodes", [])
+    if not nodes:
+        out.print("no nodes: start worker agents, or `jigsaw up --virtual-nodes N` to simulate")
+    for node in nodes:
+        alive = "[green]alive[/green]" if node.get("alive") else "[red]down[/red]"
+        version = node.get("agent_version") or "-"
+        title = (
+            f"[bold]{escape(str(node.get('name')))}[/bold]  {alive}  agent {escape(version)}  "
+            f"heartbeat {_ago(node.get('last_heartbeat_at'))}"
+        )
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for column in ("GPU", "KIND", "MEMORY", "HOLDERS"):
+            table.add_column(column)
+        for gpu in node.get("gpus", []):
+            holders = [
+                f"job {h.get('job_id')} {escape(str(h.get('job_name')))} rank {h.get('rank')}"
+                + (
+                    f" util {100 * h['utilization']:.0f}%"
+                    if h.get("utilization") is not None
+                    else ""
+                )
+                + (f" spb {escape(json.dumps(h['spb']))}" if h.get("spb") else "")
+                for h in gpu.get("holders", [])
+            ]
+            kind = escape(str(gpu.get("kind"))) + (" (virtual)" if gpu.get("virtual") else "")
+            memory = gpu.get("memory_bytes") or 0
+            table.add_row(
+                str(gpu.get("index")),
+                kind,
+                f"{memory / 1024**3:.0f} GiB",
+                "\n".join(holders) if holders else "[dim]free[/dim]",
+            )
+        out.print(table)
+    totals = view.get("totals") or {}
+    if totals:
+        out.print(
+            f"GPUs: {totals.get('gpus', 0)} total, {totals.get('gpus_busy', 0)} busy, "
+            f"{totals.get('gpus_free', 0)} free; jobs: {totals.get('jobs_running', 0)} running, "
+            f"{totals.get('jobs_queued', 0)} queued"
+        )
+
+
+@app.command()
+def whoami(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+) -> None:
+    """Who the configured token acts as."""
+    with _api(ctx) as client:
+        me = client.whoami()
+    if as_json:
+        _echo_json(me)
+        return
+    for key, value in me.items():
+        out.print(f"[bold]{escape(str(key))}[/bold]: {escape(str(value))}")
+
+
+# -- database -------------------------------------------------------------------------
+
+
+@contextmanager
+def _database() -> Iterator[Any]:
+    """An engine on the configured database; database errors become one line and exit 1."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from scheduler.db import engine_from_settings
+
+    settings = _settings()
+    engine = engine_from_settings(settings)
+    try:
+        yield engine
+    except SQLAlchemyError as exc:
+        message = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        where = engine.url.render_as_string(hide_password=True)
+        _fail(f"database error on {where}: {message}")
+    finally:
+        engine.dispose()
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+) -> None:
+    """Migrate the schema up (also run by every `jigsaw up`)."""
+    from scheduler.migrate import current_revision, upgrade
+
+    with _database() as engine:
+        upgrade(engine, revision)
+        out.print(f"database at revision {current_revision(engine)}")
+
+
+@db_app.command("downgrade")
+def db_downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision (`base` = empty).")],
+) -> None:
+    """Migrate the schema down to REVISION."""
+    from scheduler.migrate import current_revision, downgrade
+
+    with _database() as engine:
+        downgrade(engine, revision)
+        out.print(f"database at revision {current_revision(engine) or 'base (empty)'}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Print the schema revision and whether it is the latest."""
+    from scheduler.migrate import current_revision, head_revision
+
+    with _database() as engine:
+        current, head = current_revision(engine), head_revision(engine)
+    status = "up to date" if current == head else "behind: run `jigsaw db upgrade`"
+    out.print(f"current {current or 'base (empty)'}, head {head} ({status})")
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[
+        str | None, typer.Option(help="Create a user token for this user (created if new).")
+    ] = None,
+    admin: Annotated[bool, typer.Option(help="Make the user an admin.")] = False,
+    agent: Annotated[
+        bool, typer.Option(help="Create the cluster token worker agents use.")
+    ] = False,
+    description: Annotated[str, typer.Option(help="Free text stored with the token.")] = "",
+) -> None:
+    """Issue a token and print only the token on stdout (it is stored hashed)."""
+    from scheduler.db import session_factory, transaction
+    from scheduler.migrate import is_up_to_date
+    from scheduler.models.users import (
+        AGENT_SCOPE,
+        USER_SCOPE,
+        get_or_create_user,
+        issue_token,
+    )
+
+    if (user is None) == (not agent):
+        _fail("give exactly one of --user NAME or --agent", EXIT_BAD_INPUT)
+    if agent and admin:
+        _fail("--admin applies to user tokens only", EXIT_BAD_INPUT)
+    if user is not None and not _USER_NAME.match(user):
+        _fail(
+            f"invalid user name {user!r}: 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            EXIT_BAD_INPUT,
+        )
+    with _database() as engine:
+        if not is_up_to_date(engine):
+            _fail("the database schema is not up to date: run `jigsaw db upgrade` first")
+        with transaction(session_factory(engine)) as session:
+            if agent:
+                token = issue_token(session, scope=AGENT_SCOPE, description=description[:200])
+            else:
+                assert user is not None
+                owner = get_or_create_user(session, user, is_admin=admin)
+                token = issue_token(
+                    session, scope=USER_SCOPE, user=owner, description=description[:200]
+                )
+    typer.echo(token)
+
+
+# -- demo -----------------------------------------------------------------------------
+
+_DEMO_JOBS: list[dict[str, Any]] = [
+    {"name": "digits-mlp-a", "workload": "digits-mlp", "workers": 2, "max_iterations": 600},
+    {"name": "digits-cnn", "workload": "digits-cnn", "workers": 4, "max_iterations": 900},
+    {
+        "name": "transformer",
+        "workload": "text-transformer",
+        "workers": 4,
+        "max_iterations": 700,
+        "spb": "auto",
+    },
+    {
+        "name": "resnet",
+        "workload": "resnet-synthetic",
+        "workers": 2,
+        "max_iterations": 500,
+        "priority": 5,
+    },
+    {"name": "digits-mlp-b", "workload": "digits-mlp", "workers": 1, "max_iterations": 400},
+    {
+        "name": "to-cancel",
+        "workload": "transformer-synthetic",
+        "workers": 8,
+        "max_iterations": 5000,
+    },
+]
+
+
+def _jobs_table(items: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for column in ("ID", "NAME", "STATE", "GPUS", "PROGRESS", "MESSAGE"):
+        table.add_column(column)
+    for job in sorted(items, key=lambda j: j.get("id", 0)):
+        table.add_row(
+            str(job.get("id")),
+            escape(str(job.get("name"))),
+            _state(str(job.get("state"))),
+            str(job.get("workers")),
+            _progress(job),
+            escape(str(job.get("message") or "")),
+        )
+    return table
+
+
+@app.command()
+def demo(
+    virtual_nodes: Annotated[int, typer.Option(min=1, max=16)] = 2,
+    gpus_per_node: Annotated[int, typer.Option(min=1, max=16)] = 4,
+    sim_speed: Annotated[float, typer.Option(min=1, help="Simulated iterations/s.")] = 150.0,
+    home: Annotated[
+        Path | None, typer.Option(help="State directory (default: a fresh temporary one).")
+    ] = None,
+) -> None:
+    """Start a throwaway cluster of simulated nodes, submit a few jobs, watch them run."""
+    from rich.live import Live
+
+    from api.server import free_port
+
+    workdir = Path(home) if home else Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JIGSAW_")}
+    env.update(JIGSAW_HOME=str(workdir), JIGSAW_SCHEDULER_ROUND_SECONDS="0.25")
+    log_path = workdir / "server.log"
+    out.print(
+        f"starting `jigsaw up` with {virtual_nodes}x{gpus_per_node} virtual GPUs in {workdir}"
+    )
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "up", "--port", str(port),
+             "--virtual-nodes", str(virtual_nodes), "--gpus-per-node", str(gpus_per_node),
+             "--sim-speed", str(sim_speed)],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        credentials = None
+        while credentials is None:
+            if proc.poll() is not None:
+                _fail(f"the server exited ({proc.returncode}); see {log_path}")
+            if time.monotonic() > deadline:
+                _fail(f"the server did not start within 60 s; see {log_path}")
+            found = load_credentials(workdir)
+            if found is not None:
+                try:
+                    with JigsawClient(found.url, found.token, timeout=2) as probe:
+                        probe.ready()
+                    credentials = found
+                except ApiError:
+                    pass
+            time.sleep(0.2)
+        out.print(f"API on {credentials.url} (docs at {credentials.url}/docs)")
+        with JigsawClient(credentials.url, credentials.token) as client:
+            ids = [client.submit(spec)["id"] for spec in _DEMO_JOBS]
+            cancel_at = time.monotonic() + 3
+            cancelled = False
+            with Live(console=out, refresh_per_second=4) as live:
+                while True:
+                    jobs = [client.get_job(job_id) for job_id in ids]
+                    live.update(_jobs_table(jobs, "jobs (Ctrl-C to stop)"))
+                    if all(job.get("state") in TERMINAL_STATES for job in jobs):
+                        break
+                    if not cancelled and time.monotonic() > cancel_at:
+                        client.cancel(ids[-1])
+                        cancelled = True
+                    time.sleep(0.25)
+            out.print("all jobs ended; `jigsaw job ID` shows each one's events")
+    except ApiError as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        out.print("interrupted")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        out.print(f"server stopped; its log is {log_path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

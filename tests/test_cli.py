@@ -1,0 +1,385 @@
+"""The `jigsaw` CLI end to end: a real `jigsaw up` subprocess (embedded SQLite under a
+temporary JIGSAW_HOME), and CLI commands run as subprocesses that find it through the
+credentials file. Plus the client's error handling and retries, without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from api.client import ApiError, JigsawClient
+from api.credentials import Credentials, load_credentials, resolve, save_credentials
+from scheduler.settings import APISettings, Settings
+
+_SCRIPT = Path(sys.executable).parent / "jigsaw"
+JIGSAW = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "api.cli"]
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """The test's environment without any JIGSAW_* the developer may have set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JIGSAW_")}
+    env.update(JIGSAW_HOME=str(home), **extra)
+    return env
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    home: Path
+    url: str
+    log: Path
+
+    def token(self) -> str:
+        credentials = load_credentials(self.home)
+        assert credentials is not None
+        return credentials.token
+
+
+@contextmanager
+def jigsaw_up(home: Path, *args: str) -> Iterator[Server]:
+    """`jigsaw up` on a free port until the block ends; then SIGTERM and a clean exit."""
+    port = free_port()
+    log = home / f"server-{port}.log"
+    home.mkdir(parents=True, exist_ok=True)
+    env = clean_env(home, JIGSAW_SCHEDULER_ROUND_SECONDS="0.1")
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [*JIGSAW, "up", "--port", str(port), *args], env=env, stdout=sink, stderr=sink
+        )
+    server = Server(proc, home, f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"jigsaw up exited early:\n{log.read_text()[-3000:]}"
+            try:
+                if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"not ready in 60 s:\n{log.read_text()[-3000:]}"
+            time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    output = log.read_text()
+    assert proc.returncode == 0, f"jigsaw up exited with {proc.returncode}:\n{output[-3000:]}"
+    assert "Traceback" not in output, output[-3000:]
+
+
+def cli(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [*JIGSAW, *args],
+        env=clean_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check:
+        assert result.returncode == 0, (
+            f"jigsaw {' '.join(args)} -> {result.returncode}\n{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def cli_json(home: Path, *args: str) -> Any:
+    return json.loads(cli(home, *args, "--json").stdout)
+
+
+def wait_for_state(server: Server, job_id: int, states: set[str], timeout: float = 30) -> dict:
+    headers = {"Authorization": f"Bearer {server.token()}"}
+    deadline = time.monotonic() + timeout
+    while True:
+        job = httpx.get(f"{server.url}/v1/jobs/{job_id}", headers=headers, timeout=5).json()
+        if job["state"] in states:
+            return job
+        assert time.monotonic() < deadline, f"job {job_id} still {job['state']}"
+        time.sleep(0.1)
+
+
+def write_spec(path: Path, **overrides: Any) -> Path:
+    fields = {
+        "name": "digits-1",
+        "workload": "digits-mlp",
+        "hyperparameters": "{batch_size: 128, learning_rate: 0.05, optimizer: sgd}",
+        "workers": 2,
+        "max_iterations": 40,
+        "spb": "off",  # a YAML 1.1 boolean; the CLI must read it as the string "off"
+    }
+    fields.update(overrides)
+    path.write_text("".join(f"{key}: {value}\n" for key, value in fields.items()))
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    home = tmp_path_factory.mktemp("jigsaw-home")
+    with jigsaw_up(home, "--virtual-nodes", "2", "--gpus-per-node", "4", "--sim-speed", "200") as s:
+        yield s
+
+
+# -- against a running server ---------------------------------------------------------
+
+
+def test_submit_list_show_and_run_to_success(server: Server, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "job.yaml", name="e2e-success")
+    job = cli_json(server.home, "submit", str(spec))
+    job_id = job["id"]
+    assert job["name"] == "e2e-success"
+    assert job["owner"] == "admin"
+    assert job["spec"]["spb"] == "off"
+
+    listed = cli_json(server.home, "jobs")
+    assert job_id in [item["id"] for item in listed["items"]]
+    assert listed["total"] >= 1
+
+    shown = cli_json(server.home, "job", str(job_id))
+    assert shown["job"]["id"] == job_id
+    assert shown["events"][0]["to_state"] == "QUEUED"
+
+    # FIFO + the simulated dispatcher carry it through RUNNING to SUCCEEDED.
+    done = wait_for_state(server, job_id, TERMINAL)
+    assert done["state"] == "SUCCEEDED", done
+    assert done["iterations_done"] == 40
+    shown = cli_json(server.home, "job", str(job_id))
+    reached = [event["to_state"] for event in shown["events"] if event["to_state"]]
+    assert reached == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
+
+    # People get tables.
+    table = cli(server.home, "jobs", "--state", "succeeded").stdout
+    assert "e2e-success" in table and "SUCCEEDED" in table
+    assert "e2e-success" in cli(server.home, "job", str(job_id)).stdout
+    filtered = cli_json(server.home, "jobs", "--state", "QUEUED", "--state", "RUNNING")
+    assert job_id not in [item["id"] for item in filtered["items"]]
+
+
+def test_cancel(server: Server, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "long.yaml", name="e2e-cancel", max_iterations=10**9)
+    job_id = cli_json(server.home, "submit", str(spec))["id"]
+    wait_for_state(server, job_id, {"RUNNING"})
+    assert cli_json(server.home, "cancel", str(job_id))["state"] == "CANCELLED"
+
+    # Cancelling again is refused by the API: one red line, exit 1, no traceback.
+    again = cli(server.home, "cancel", str(job_id), check=False)
+    assert again.returncode == 1
+    assert again.stderr.startswith("error:") and "Traceback" not in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+
+    # The next round frees its GPUs.
+    deadline = time.monotonic() + 15
+    while True:
+        view = cli_json(server.home, "cluster")
+        held = [h["job_id"] for n in view["nodes"] for g in n["gpus"] for h in g["holders"]]
+        if job_id not in held:
+            break
+        assert time.monotonic() < deadline, "cancelled job still holds GPUs"
+        time.sleep(0.2)
+
+
+def test_cluster(server: Server) -> None:
+    view = cli_json(server.home, "cluster")
+    assert [node["name"] for node in view["nodes"]] == ["virtual-0", "virtual-1"]
+    for node in view["nodes"]:
+        assert node["alive"]
+        assert [gpu["index"] for gpu in node["gpus"]] == [0, 1, 2, 3]
+        assert all(gpu["virtual"] and gpu["kind"] == "virtual-cpu" for gpu in node["gpus"])
+    assert view["totals"]["gpus"] == 8
+    table = cli(server.home, "cluster").stdout
+    assert "virtual-0" in table and "virtual-1" in table and "GPUs: 8 total" in table
+
+
+def test_missing_job_is_a_clean_error(server: Server) -> None:
+    result = cli(server.home, "job", "999999", check=False)
+    assert result.returncode == 1
+    assert "404" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_token_create_user(server: Server) -> None:
+    result = cli(server.home, "token", "create", "--user", "carol")
+    token = result.stdout.strip()
+    assert result.stdout == token + "\n" and token.startswith("jsu_")
+    response = httpx.get(
+        f"{server.url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=5
+    )
+    assert response.status_code == 200
+    assert "carol" in response.text
+    # Through the CLI too; carol sees none of admin's jobs.
+    assert "carol" in cli(server.home, "--token", token, "whoami", "--json").stdout
+    assert cli_json(server.home, "--token", token, "jobs")["total"] == 0
+
+
+def test_agent_token_cannot_use_user_api(server: Server) -> None:
+    token = cli(server.home, "token", "create", "--agent").stdout.strip()
+    assert token.startswith("jsa_")
+    result = cli(server.home, "--token", token, "jobs", check=False)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+
+
+def test_bad_token_is_a_clean_error(server: Server) -> None:
+    result = cli(server.home, "--token", "jsu_not-a-token", "jobs", check=False)
+    assert result.returncode == 1
+    assert "401" in result.stderr and "Traceback" not in result.stderr
+
+
+# -- no server needed -----------------------------------------------------------------
+
+
+def test_bad_spec_exits_2_with_field_paths(tmp_path: Path) -> None:
+    bad = write_spec(
+        tmp_path / "bad.yaml",
+        workers=0,
+        hyperparameters="{optimizer: adamw}",
+        colour="blue",
+    )
+    result = cli(tmp_path, "submit", str(bad), check=False)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "workers:" in result.stderr
+    assert "hyperparameters.optimizer:" in result.stderr
+    assert "colour: unknown field" in result.stderr
+
+    no_rule = tmp_path / "no-rule.json"
+    no_rule.write_text(json.dumps({"name": "x", "workload": "digits-mlp"}))
+    result = cli(tmp_path, "submit", str(no_rule), check=False)
+    assert result.returncode == 2 and "max_iterations" in result.stderr
+
+    missing = cli(tmp_path, "submit", str(tmp_path / "nope.yaml"), check=False)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    result = cli(tmp_path, "submit", str(broken), check=False)
+    assert result.returncode == 2 and "not valid YAML" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_api_is_a_clean_error(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = cli(tmp_path, "--url", url, "--token", "jsu_x", "jobs", check=False)
+    assert result.returncode == 1
+    assert "cannot reach the JigSaw API" in result.stderr and url in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_no_token_is_a_clean_error(tmp_path: Path) -> None:
+    result = cli(tmp_path, "jobs", check=False)
+    assert result.returncode == 1 and "no API token" in result.stderr
+
+
+def test_db_commands(tmp_path: Path) -> None:
+    assert "behind" in cli(tmp_path, "db", "current").stdout
+    cli(tmp_path, "db", "upgrade")
+    assert "up to date" in cli(tmp_path, "db", "current").stdout
+    cli(tmp_path, "db", "downgrade", "base")
+    assert "base" in cli(tmp_path, "db", "current").stdout
+    refused = cli(tmp_path, "token", "create", "--user", "dave", check=False)
+    assert refused.returncode == 1 and "jigsaw db upgrade" in refused.stderr
+    usage = cli(tmp_path, "token", "create", "--agent", "--user", "dave", check=False)
+    assert usage.returncode == 2
+
+
+def test_credentials_file_is_private_and_reused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with jigsaw_up(home) as first:
+        path = home / "credentials.json"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        stored = json.loads(path.read_text())
+        assert stored["user"] == "admin" and stored["url"] == first.url
+        token = stored["token"]
+        assert cli_json(home, "whoami")  # the CLI finds URL and token in the file
+    with jigsaw_up(home, "--no-scheduler") as second:
+        again = load_credentials(home)
+        assert again is not None and again.token == token
+        assert again.url == second.url  # the URL follows the latest server
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        response = httpx.get(
+            f"{second.url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=5
+        )
+        assert response.status_code == 200
+
+
+# -- units ----------------------------------------------------------------------------
+
+
+def test_resolve_prefers_settings_over_file(tmp_path: Path) -> None:
+    save_credentials(tmp_path, Credentials("http://file:1", "tok-file", "admin"))
+    settings = Settings(home=tmp_path, api=APISettings(url=None, token=None))
+    assert resolve(settings) == Credentials("http://file:1", "tok-file", "admin")
+    settings = Settings(home=tmp_path, api=APISettings(url="http://env:2/", token="tok-env"))
+    assert resolve(settings) == Credentials("http://env:2", "tok-env", "")
+    assert resolve(settings, url="http://flag:3", token="tok-flag").url == "http://flag:3"
+    empty = Settings(home=tmp_path / "none", api=APISettings(host="0.0.0.0", port=9000))
+    assert resolve(empty) == Credentials("http://127.0.0.1:9000", "", "")
+
+
+def test_client_errors_and_retries() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        if len(calls) <= 2:
+            raise httpx.ConnectError("refused", request=request)
+        if request.method == "POST":
+            body = {
+                "error": {
+                    "status": 422,
+                    "message": "invalid job spec",
+                    "details": [{"loc": ["body", "workers"], "message": "must be >= 1"}],
+                }
+            }
+            return httpx.Response(422, json=body)
+        return httpx.Response(200, json={"items": [], "total": 0, "next_after": None})
+
+    with JigsawClient("http://x", "t", transport=httpx.MockTransport(handler)) as client:
+        # GETs are retried on connection errors...
+        assert client.list_jobs(states=["QUEUED"]) == {"items": [], "total": 0, "next_after": None}
+        assert calls == ["GET", "GET", "GET"]
+        with pytest.raises(ApiError) as info:
+            client.submit({"name": "x"})
+    assert info.value.status == 422
+    assert info.value.details == [{"loc": ["body", "workers"], "message": "must be >= 1"}]
+    assert str(info.value) == "invalid job spec: body.workers: must be >= 1 (HTTP 422)"
+
+    posts: list[str] = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        posts.append(request.method)
+        raise httpx.ConnectError("refused", request=request)
+
+    with (
+        JigsawClient("http://x", "t", transport=httpx.MockTransport(refuse)) as client,
+        pytest.raises(ApiError, match="cannot reach the JigSaw API at http://x"),
+    ):
+        client.cancel(1)
+    assert posts == ["POST"]  # ...POSTs never are
+
+    text = httpx.Response(502, text="bad gateway")
+    assert str(ApiError.from_response(text)) == "bad gateway (HTTP 502)"
