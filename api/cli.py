@@ -479,7 +479,8 @@ def cluster(
             f"[bold]{escape(str(node.get('name')))}[/bold]  {alive}  agent {escape(version)}  "
             f"heartbeat {_ago(node.get('last_heartbeat_at'))}"
         )
-        table = Table(title=title, title_justify="left", header_style="bold")
+        out.print(title, soft_wrap=True)
+        table = Table(header_style="bold")
         for column in ("GPU", "KIND", "MEMORY", "HOLDERS"):
             table.add_column(column)
         for gpu in node.get("gpus", []):
@@ -736,7 +737,9 @@ def demo(
                         client.cancel(ids[-1])
                         cancelled = True
                     time.sleep(0.25)
-            out.print("all jobs ended; `jigsaw job ID` shows each one's events")
+            if not out.is_terminal:
+                out.line()  # Live leaves the cursor after its last frame off a terminal
+            out.print("all jobs ended")
     except ApiError as exc:
         _fail(str(exc))
     except KeyboardInterrupt:

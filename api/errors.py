@@ -7,6 +7,7 @@ invalid field); anything unexpected is logged and answered 500 without internals
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,19 +23,30 @@ logger = logging.getLogger(__name__)
 class ApiProblem(Exception):
     """Raised by routes for an expected client-facing error."""
 
-    def __init__(self, status: int, message: str, details: list[dict[str, Any]] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        details: list[dict[str, Any]] | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.details = details or []
+        self.headers = headers
 
 
 def error_response(
-    status: int, message: str, details: list[dict[str, Any]] | None = None
+    status: int,
+    message: str,
+    details: list[dict[str, Any]] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     return JSONResponse(
         status_code=status,
         content={"error": {"status": status, "message": message, "details": details or []}},
+        headers=headers,
     )
 
 
@@ -50,19 +62,26 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
     details = []
     for error in exc.errors():
+        loc = tuple(error.get("loc", ()))
         message = str(error.get("msg", "invalid value"))
         if error.get("type") == "json_invalid":
-            message = "request body is not valid JSON: " + str(
-                error.get("ctx", {}).get("error", "")
+            # FastAPI puts the character offset where a field name would go.
+            reason = error.get("ctx", {}).get("error", "syntax error")
+            where = f" at character {loc[-1]}" if len(loc) > 1 else ""
+            details.append(
+                {"loc": "body", "message": f"request body is not valid JSON: {reason}{where}"}
             )
-        details.append({"loc": _field_path(tuple(error.get("loc", ()))), "message": message})
+            continue
+        # Our validators raise ValueError; pydantic's "Value error, " prefix is noise.
+        message = message.removeprefix("Value error, ")
+        details.append({"loc": _field_path(loc), "message": message})
     return details
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiProblem)
     async def _problem(_request: Request, exc: ApiProblem) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.details)
+        return error_response(exc.status, exc.message, exc.details, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -76,8 +95,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown routes: the path may be long or odd, so it is not echoed back.
         message = str(exc.detail) if exc.status_code != 404 else "not found"
-        return error_response(exc.status_code, message)
+        return error_response(exc.status_code, message, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -6,10 +6,11 @@ the status class (`2xx`), never a job id.
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterator
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -17,14 +18,49 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from scheduler.db import transaction
+from scheduler.models.jobs import count_by_state
+from scheduler.states import JobState
+
+logger = logging.getLogger(__name__)
+
+
+class JobStateCollector(Collector):
+    """`jigsaw_jobs{state=...}`, counted in the database when Prometheus scrapes.
+
+    Counting at scrape time keeps the gauge right whichever process (API replica or
+    scheduler) changed the jobs; a database outage drops the gauge, not the scrape.
+    """
+
+    def __init__(self, factory: sessionmaker[Session]) -> None:
+        self._factory = factory
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            with transaction(self._factory) as session:
+                counts = count_by_state(session)
+        except Exception:  # noqa: BLE001 - /readyz reports the database; metrics go on
+            logger.warning("could not count jobs by state for /metrics", exc_info=True)
+            return
+        gauge = GaugeMetricFamily("jigsaw_jobs", "Jobs by state.", labels=["state"])
+        for state in JobState:
+            gauge.add_metric([state.value], counts.get(state, 0))
+        yield gauge
 
 
 class ApiMetrics:
-    def __init__(self) -> None:
+    def __init__(self, factory: sessionmaker[Session] | None = None) -> None:
         self.registry = CollectorRegistry()
-        labels = ("route", "method", "status_class")
         self.requests = Counter(
-            "jigsaw_api_requests_total", "HTTP requests served.", labels, registry=self.registry
+            "jigsaw_api_requests_total",
+            "HTTP requests served.",
+            ("route", "method", "status_class"),
+            registry=self.registry,
         )
         self.latency = Histogram(
             "jigsaw_api_request_seconds",
@@ -32,28 +68,52 @@ class ApiMetrics:
             ("route", "method"),
             registry=self.registry,
         )
+        if factory is not None:
+            self.registry.register(JobStateCollector(factory))
+
+    def observe(self, scope: Scope, status: int, seconds: float) -> None:
+        # The router stores the matched route in the (shared) scope; unmatched paths such
+        # as 404s for unknown URLs share one label instead of minting one per path.
+        route = str(getattr(scope.get("route"), "path", "unmatched"))
+        method = str(scope.get("method", ""))
+        self.latency.labels(route, method).observe(seconds)
+        self.requests.labels(route, method, f"{status // 100}xx").inc()
 
 
-def _route_template(request: Request) -> str:
-    # The router records the matched route in the scope; unmatched paths share one label.
-    route = request.scope.get("route")
-    return str(getattr(route, "path", "unmatched"))
+class MetricsMiddleware:
+    """Plain ASGI middleware: it sees the real status, and counts unhandled errors as 5xx.
+
+    It sits inside Starlette's ServerErrorMiddleware, so an exception passes through here
+    before becoming the JSON 500; it is counted, then re-raised for that handler.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            self.metrics.observe(scope, status, time.perf_counter() - started)
 
 
 def install(app: FastAPI) -> ApiMetrics:
-    metrics = ApiMetrics()
-
-    @app.middleware("http")
-    async def _measure(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        started = time.perf_counter()
-        response = await call_next(request)
-        route = _route_template(request)
-        metrics.latency.labels(route, request.method).observe(time.perf_counter() - started)
-        status_class = f"{response.status_code // 100}xx"
-        metrics.requests.labels(route, request.method, status_class).inc()
-        return response
+    """Measure every request and serve `/metrics`; call after app.state.session_factory."""
+    metrics = ApiMetrics(getattr(app.state, "session_factory", None))
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
 
     @app.get("/metrics", include_in_schema=False)
     def _scrape() -> Response:

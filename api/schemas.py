@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from scheduler.orm import Event, Job
 
@@ -98,8 +98,11 @@ class MetricSeries(BaseModel):
 
 
 class HolderOut(BaseModel):
-    job_id: int | None
-    job_name: str
+    """One worker's hold on a GPU. Who holds it is shown only to the job's owner and to
+    admins; everyone else gets job_id null, job_name "" and spb {} (the GPU is busy)."""
+
+    job_id: int | None = Field(description="Null unless the caller owns the job or is admin.")
+    job_name: str = Field(description="Empty unless the caller owns the job or is admin.")
     rank: int
     spb: dict[str, Any]
     utilization: float | None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import Connection, engine_from_config, pool
 
 from scheduler.orm import Base
 
@@ -25,7 +25,7 @@ def run_migrations_online() -> None:
         _run(connection)
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

@@ -72,6 +72,15 @@ class APISettings(BaseSettings):
         default=None,
         description="Bearer token the CLI sends; unset means the one `jigsaw up` stored.",
     )
+    page_size_max: int = Field(
+        default=500, ge=1, le=10_000, description="Largest `limit` GET /v1/jobs accepts."
+    )
+    auth_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        description="How long a verified token is trusted without asking the database "
+        "again; a revoked token stops working within this time (0 = check every request).",
+    )
 
 
 class SchedulerSettings(BaseSettings):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import httpx
+import pytest
+from sqlalchemy import text, update
 
 from scheduler.db import session_factory
 from scheduler.models.metrics import record
-from scheduler.orm import GPU, Agent, Allocation, Node
+from scheduler.orm import GPU, Agent, Allocation, Job, Node
 from tests.conftest import LiveApi
 
 SPEC: dict[str, Any] = {"name": "digits", "workload": "digits-mlp", "max_iterations": 50}
@@ -68,6 +71,12 @@ def test_pagination_and_state_filter(live_api: LiveApi) -> None:
         assert pages == 3
         queued = alice.get("/v1/jobs", params={"state": "QUEUED"}).json()
         assert queued["total"] == 6 and ids[0] not in [j["id"] for j in queued["items"]]
+        # A full last page ends the walk: next_after is null, no empty page follows.
+        first = alice.get("/v1/jobs", params={"state": "QUEUED", "limit": 3}).json()
+        last = alice.get(
+            "/v1/jobs", params={"state": "QUEUED", "limit": 3, "after": first["next_after"]}
+        ).json()
+        assert len(last["items"]) == 3 and last["next_after"] is None
         both = alice.get("/v1/jobs", params=[("state", "QUEUED"), ("state", "CANCELLED")])
         assert both.json()["total"] == 7
         bad = alice.get("/v1/jobs", params={"state": "SLEEPING"})
@@ -102,7 +111,8 @@ def test_bad_specs_get_422_with_field_path(live_api: LiveApi) -> None:
         ({**SPEC, "hyperparameters": {"batch_size": 0}}, "hyperparameters.batch_size"),
         ({**SPEC, "hyperparameters": {"optimizer": "rmsprop"}}, "hyperparameters.optimizer"),
         ({**SPEC, "workload": "no such thing"}, "workload"),
-        ({"name": "x", "workload": "digits-mlp"}, "body"),
+        ({"name": "x", "workload": "digits-mlp"}, "body"),  # no stopping rule
+        ({**SPEC, "workers": 8, "hyperparameters": {"batch_size": 4}}, "body"),
         ({**SPEC, "workers": "many"}, "workers"),
     ]
     with live_api.client(live_api.alice) as alice:
@@ -112,11 +122,14 @@ def test_bad_specs_get_422_with_field_path(live_api: LiveApi) -> None:
             error = response.json()["error"]
             assert loc in [d["loc"] for d in error["details"]], (loc, error)
             assert error["message"].startswith("invalid request")
+            assert not any(d["message"].startswith("Value error") for d in error["details"])
         malformed = alice.post(
             "/v1/jobs", content=b'{"name": ', headers={"content-type": "application/json"}
         )
         assert malformed.status_code == 422
-        assert "not valid JSON" in malformed.json()["error"]["details"][0]["message"]
+        detail = malformed.json()["error"]["details"][0]
+        assert detail["loc"] == "body" and "not valid JSON" in detail["message"]
+        assert alice.post("/v1/jobs").status_code == 422  # no body at all
         assert alice.get("/v1/jobs").json()["total"] == 0
 
 
@@ -125,6 +138,7 @@ def test_auth_is_required(live_api: LiveApi) -> None:
         response = anonymous.get("/v1/jobs")
         assert response.status_code == 401
         assert "bearer" in response.json()["error"]["message"]
+        assert response.headers["www-authenticate"] == "Bearer"
         assert anonymous.post("/v1/jobs", json=SPEC).status_code == 401
     with live_api.client("jsu_not-a-token") as forged:
         assert forged.get("/v1/jobs").status_code == 401
@@ -210,5 +224,34 @@ def test_probes_and_prometheus(live_api: LiveApi) -> None:
         assert 'route="/v1/jobs/{job_id}"' in text
         assert 'status_class="4xx"' in text and 'status_class="2xx"' in text
         assert "/v1/jobs/123456" not in text and f'/v1/jobs/{job["id"]}"' not in text
+        assert 'jigsaw_jobs{state="QUEUED"} 1.0' in text
         assert anonymous.get("/docs").status_code == 200
         assert "/v1/jobs" in anonymous.get("/openapi.json").json()["paths"]
+
+
+def test_unexpected_errors_are_json_500_and_logged(
+    live_api: LiveApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    with live_api.client(live_api.alice) as alice, live_api.client(None) as anonymous:
+        job = _submit(alice)
+        # A state outside the state machine can only come from a bug or manual SQL.
+        with session_factory(live_api.engine)() as session, session.begin():
+            session.execute(update(Job).where(Job.id == job["id"]).values(state="BOGUS"))
+        with caplog.at_level(logging.ERROR, logger="api.errors"):
+            response = alice.post(f"/v1/jobs/{job['id']}/cancel")
+        assert response.status_code == 500
+        assert response.json()["error"]["message"] == "internal error; see the server log"
+        assert "Traceback" not in response.text and "BOGUS" not in response.text
+        assert any("unhandled error" in r.getMessage() for r in caplog.records)
+        metrics = anonymous.get("/metrics").text
+        assert 'route="/v1/jobs/{job_id}/cancel",status_class="5xx"' in metrics
+
+
+def test_readyz_is_503_when_schema_is_behind(live_api: LiveApi) -> None:
+    with session_factory(live_api.engine)() as session, session.begin():
+        session.execute(text("UPDATE alembic_version SET version_num = 'older'"))
+    with live_api.client(None) as anonymous:
+        response = anonymous.get("/readyz")
+        assert response.status_code == 503
+        assert "not at head" in response.json()["error"]["message"]
+        assert anonymous.get("/healthz").status_code == 200

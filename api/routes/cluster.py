@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from sqlalchemy import func, select
 
 from api.deps import Factory, User
 from api.schemas import ClusterOut, ClusterTotals, GPUOut, HolderOut, NodeOut, WhoAmI
 from scheduler.db import transaction
 from scheduler.models.cluster import Holder, cluster_view
+from scheduler.models.jobs import count_by_state
 from scheduler.models.users import Principal
-from scheduler.orm import Job
 from scheduler.states import JobState
 
 router = APIRouter(prefix="/v1", tags=["cluster"])
 
 
-def _holder(holder: Holder, viewer: Principal, owners: dict[int, int]) -> HolderOut:
-    # Everyone sees that a GPU is busy; only its owner and admins see which job holds it.
-    visible = viewer.is_admin or owners.get(holder.job_id) == viewer.user_id
+def _holder(holder: Holder, viewer: Principal) -> HolderOut:
+    # Everyone sees that a GPU is busy; only its owner and admins see which job holds it
+    # (the same rule as GET /v1/jobs/{id}, so job ids cannot be probed through here).
+    visible = viewer.is_admin or holder.owner_id == viewer.user_id
     return HolderOut(
         job_id=holder.job_id if visible else None,
         job_name=holder.job_name if visible else "",
@@ -33,15 +33,7 @@ def cluster(user: User, factory: Factory) -> ClusterOut:
     """Nodes, GPUs, who holds what, and totals."""
     with transaction(factory) as session:
         nodes = cluster_view(session)
-        held = {h.job_id for n in nodes for g in n.gpus for h in g.holders}
-        owners = dict(session.execute(select(Job.id, Job.owner_id).where(Job.id.in_(held))).all())
-        counts = dict(
-            session.execute(
-                select(Job.state, func.count())
-                .where(Job.state.in_([JobState.QUEUED.value, JobState.RUNNING.value]))
-                .group_by(Job.state)
-            ).all()
-        )
+        counts = count_by_state(session)
     out = [
         NodeOut(
             id=n.id,
@@ -56,7 +48,7 @@ def cluster(user: User, factory: Factory) -> ClusterOut:
                     kind=g.kind,
                     memory_bytes=g.memory_bytes,
                     virtual=g.virtual,
-                    holders=[_holder(h, user, owners) for h in g.holders],
+                    holders=[_holder(h, user) for h in g.holders],
                 )
                 for g in n.gpus
             ],
@@ -71,8 +63,8 @@ def cluster(user: User, factory: Factory) -> ClusterOut:
             gpus=len(gpus),
             gpus_busy=busy,
             gpus_free=len(gpus) - busy,
-            jobs_queued=counts.get(JobState.QUEUED.value, 0),
-            jobs_running=counts.get(JobState.RUNNING.value, 0),
+            jobs_queued=counts.get(JobState.QUEUED, 0),
+            jobs_running=counts.get(JobState.RUNNING, 0),
         ),
     )
 

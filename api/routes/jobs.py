@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from api.deps import Factory, User
@@ -16,7 +16,6 @@ from scheduler.models import jobs as job_models
 from scheduler.models import metrics as metric_models
 from scheduler.models.users import Principal
 from scheduler.orm import Job
-from scheduler.orm import User as UserRow
 from scheduler.states import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -32,11 +31,6 @@ def _owned(session: Session, job_id: int, viewer: Principal) -> Job:
     return job
 
 
-def _owner_name(session: Session, job: Job) -> str:
-    owner = session.get(UserRow, job.owner_id)
-    return owner.name if owner else ""
-
-
 @router.post("", status_code=201)
 def submit_job(spec: JobSpec, user: User, factory: Factory) -> JobOut:
     """Queue a job; it belongs to the caller."""
@@ -47,22 +41,37 @@ def submit_job(spec: JobSpec, user: User, factory: Factory) -> JobOut:
 
 @router.get("")
 def list_jobs(
+    request: Request,
     user: User,
     factory: Factory,
     state: Annotated[list[JobState] | None, Query(description="Filter by state.")] = None,
     owner: Annotated[str | None, Query(max_length=64, description="Owner name.")] = None,
-    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    limit: Annotated[
+        int, Query(ge=1, description="Page size, at most settings.api.page_size_max.")
+    ] = 50,
     after: Annotated[
         int | None, Query(ge=1, le=2**63 - 1, description="next_after of the previous page.")
     ] = None,
 ) -> JobPage:
-    """Jobs newest first; non-admins see only their own."""
-    with transaction(factory) as session:
-        rows, total = job_models.list_jobs(
-            session, user, states=state or (), owner=owner, after_id=after, limit=limit
+    """Jobs newest first; non-admins see only their own (an owner filter naming someone
+    else yields nothing rather than an error, so it reveals nothing either)."""
+    # The bound is a setting, so it is checked here rather than in the Query declaration.
+    page_size_max = request.app.state.settings.api.page_size_max
+    if limit > page_size_max:
+        message = f"Input should be less than or equal to {page_size_max}"
+        raise ApiProblem(
+            422,
+            f"invalid request: query.limit: {message}",
+            [{"loc": "query.limit", "message": message}],
         )
-    items = [JobOut.of(job, name) for job, name in rows]
-    next_after = items[-1].id if len(items) == limit else None
+    with transaction(factory) as session:
+        # One row past the page tells whether another page exists, so the last page
+        # says next_after = null instead of sending the client to an empty one.
+        rows, total = job_models.list_jobs(
+            session, user, states=state or (), owner=owner, after_id=after, limit=limit + 1
+        )
+        items = [JobOut.of(job, name) for job, name in rows[:limit]]
+    next_after = items[-1].id if len(rows) > limit else None
     return JobPage(items=items, total=total, next_after=next_after)
 
 
@@ -70,7 +79,7 @@ def list_jobs(
 def get_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
     with transaction(factory) as session:
         job = _owned(session, job_id, user)
-        return JobOut.of(job, _owner_name(session, job))
+        return JobOut.of(job, job.owner.name)
 
 
 @router.post("/{job_id}/cancel")
@@ -78,7 +87,7 @@ def cancel_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
     """Cancel a job that has not ended (409 if it has)."""
     with transaction(factory) as session:
         job = job_models.cancel(session, _owned(session, job_id, user), user)
-        return JobOut.of(job, _owner_name(session, job))
+        return JobOut.of(job, job.owner.name)
 
 
 @router.get("/{job_id}/events")

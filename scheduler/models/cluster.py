@@ -16,6 +16,7 @@ from scheduler.orm import GPU, Agent, Allocation, IterationMetric, Job, Node
 class Holder:
     job_id: int
     job_name: str
+    owner_id: int
     rank: int
     spb: dict[str, Any]
     utilization: float | None
@@ -60,14 +61,21 @@ def cluster_view(session: Session) -> list[NodeRow]:
         gpus[gpu.id] = row
         nodes[gpu.node_id].gpus.append(row)
     held = session.execute(
-        select(Allocation, Job.name)
+        select(Allocation, Job.name, Job.owner_id)
         .join(Job, Job.id == Allocation.job_id)
         .where(Allocation.released_at.is_(None))
     ).all()
-    utilization = _latest_utilization(session, {alloc.job_id for alloc, _ in held})
-    for alloc, job_name in held:
+    utilization = _latest_utilization(session, {alloc.job_id for alloc, _, _ in held})
+    for alloc, job_name, owner_id in held:
         gpus[alloc.gpu_id].holders.append(
-            Holder(alloc.job_id, job_name, alloc.rank, alloc.spb, utilization.get(alloc.job_id))
+            Holder(
+                alloc.job_id,
+                job_name,
+                owner_id,
+                alloc.rank,
+                alloc.spb,
+                utilization.get(alloc.job_id),
+            )
         )
     return list(nodes.values())
 

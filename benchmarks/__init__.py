@@ -1,0 +1,1 @@
+"""Benchmarks: each compares against a baseline measured in the same run."""
