@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import emit, jigsaw_server, percentile, scratch_postgres
+from benchmarks.harness import emit, percentile, scratch_postgres
+from tests.servers import jigsaw_up
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -73,12 +74,17 @@ def _trivial(client: httpx.AsyncClient, _i: int) -> Any:
 
 
 def measure(database: str, url: str | None, requests: int, clients: int) -> list[dict[str, Any]]:
-    with tempfile.TemporaryDirectory() as home, jigsaw_server(Path(home), url) as server:
+    # The scheduler runs at its default period, as in a real `jigsaw up`.
+    env = {"JIGSAW_SCHEDULER_ROUND_SECONDS": "1.0"}
+    if url:
+        env["JIGSAW_DATABASE_URL"] = url
+    with tempfile.TemporaryDirectory() as home, jigsaw_up(Path(home), **env) as server:
+        token = server.token()
         # Warm both paths (connection pools, imports) before timing.
-        asyncio.run(_drive(server.base_url, server.token, 200, clients, _submit))
-        asyncio.run(_drive(server.base_url, server.token, 200, clients, _trivial))
-        trivial = asyncio.run(_drive(server.base_url, server.token, requests, clients, _trivial))
-        submit = asyncio.run(_drive(server.base_url, server.token, requests, clients, _submit))
+        asyncio.run(_drive(server.url, token, 200, clients, _submit))
+        asyncio.run(_drive(server.url, token, 200, clients, _trivial))
+        trivial = asyncio.run(_drive(server.url, token, requests, clients, _trivial))
+        submit = asyncio.run(_drive(server.url, token, requests, clients, _submit))
     ratio = submit["per_s"] / trivial["per_s"]
     return [
         {"case": f"{database} GET /healthz", **trivial, "ratio": 1.0},

@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: a `jigsaw up` server in a subprocess, and output.
+"""Shared pieces of the benchmarks: a scratch PostgreSQL database, and output.
 
 Every benchmark prints a rich table for people and, with `--json`, one JSON object per
 line for scripts.
@@ -8,73 +8,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import httpx
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
-
-from api.credentials import load_credentials
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class RunningServer:
-    base_url: str
-    token: str
-
-
-@contextmanager
-def jigsaw_server(home: Path, database_url: str | None, *extra: str) -> Iterator[RunningServer]:
-    """Run `jigsaw up` on a free port until the block ends."""
-    port = free_port()
-    env = {**os.environ, "JIGSAW_HOME": str(home)}
-    if database_url:
-        env["JIGSAW_DATABASE_URL"] = database_url
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "api.cli", "up", "--port", str(port), *extra],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"jigsaw up exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(f"{base_url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("jigsaw up did not become ready in 60 s")
-            time.sleep(0.2)
-        credentials = load_credentials(home)
-        assert credentials is not None, "jigsaw up wrote no credentials"
-        yield RunningServer(base_url, credentials.token)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @contextmanager

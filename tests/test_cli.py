@@ -6,16 +6,10 @@ credentials file. Plus the client's error handling and retries, without a server
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,74 +18,9 @@ import pytest
 
 from api.client import ApiError, JigsawClient
 from api.credentials import Credentials, load_credentials, resolve, save_credentials
+from api.server import free_port
 from scheduler.settings import APISettings, Settings
-
-_SCRIPT = Path(sys.executable).parent / "jigsaw"
-JIGSAW = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "api.cli"]
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def clean_env(home: Path, **extra: str) -> dict[str, str]:
-    """The test's environment without any JIGSAW_* the developer may have set."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JIGSAW_")}
-    env.update(JIGSAW_HOME=str(home), **extra)
-    return env
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    home: Path
-    url: str
-    log: Path
-
-    def token(self) -> str:
-        credentials = load_credentials(self.home)
-        assert credentials is not None
-        return credentials.token
-
-
-@contextmanager
-def jigsaw_up(home: Path, *args: str) -> Iterator[Server]:
-    """`jigsaw up` on a free port until the block ends; then SIGTERM and a clean exit."""
-    port = free_port()
-    log = home / f"server-{port}.log"
-    home.mkdir(parents=True, exist_ok=True)
-    env = clean_env(home, JIGSAW_SCHEDULER_ROUND_SECONDS="0.1")
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [*JIGSAW, "up", "--port", str(port), *args], env=env, stdout=sink, stderr=sink
-        )
-    server = Server(proc, home, f"http://127.0.0.1:{port}", log)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"jigsaw up exited early:\n{log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{server.url}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"not ready in 60 s:\n{log.read_text()[-3000:]}"
-            time.sleep(0.1)
-        yield server
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    output = log.read_text()
-    assert proc.returncode == 0, f"jigsaw up exited with {proc.returncode}:\n{output[-3000:]}"
-    assert "Traceback" not in output, output[-3000:]
+from tests.servers import JIGSAW, TERMINAL, Server, clean_env, jigsaw_up
 
 
 def cli(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
