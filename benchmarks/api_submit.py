@@ -97,11 +97,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--postgres", default=POSTGRES, help="server URL to create a DB on")
+    parser.add_argument("--only", choices=("sqlite", "postgres"), help="one database only")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args()
-    rows = measure("sqlite", None, args.requests, args.clients)
-    with scratch_postgres(args.postgres) as url:
-        rows += measure("postgres", url, args.requests, args.clients)
+    rows = []
+    if args.only != "postgres":
+        rows += measure("sqlite", None, args.requests, args.clients)
+    if args.only != "sqlite":
+        with scratch_postgres(args.postgres) as url:
+            rows += measure("postgres", url, args.requests, args.clients)
     emit(rows, f"{args.requests} requests, {args.clients} concurrent clients", args.json)
 
 
