@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import emit, percentile, scratch_postgres
-from tests.servers import jigsaw_up
+from benchmarks.harness import emit, percentile
+from tests.servers import jigsaw_up, scratch_postgres
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -104,7 +104,7 @@ def main() -> None:
     if args.only != "postgres":
         rows += measure("sqlite", None, args.requests, args.clients)
     if args.only != "sqlite":
-        with scratch_postgres(args.postgres) as url:
+        with scratch_postgres(args.postgres, prefix="jigsaw_bench") as url:
             rows += measure("postgres", url, args.requests, args.clients)
     emit(rows, f"{args.requests} requests, {args.clients} concurrent clients", args.json)
 

@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: a scratch PostgreSQL database, and output.
+"""Shared pieces of the benchmarks: percentiles and output.
 
 Every benchmark prints a rich table for people and, with `--json`, one JSON object per
 line for scripts.
@@ -7,31 +7,11 @@ line for scripts.
 from __future__ import annotations
 
 import json
-import os
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
-
-
-@contextmanager
-def scratch_postgres(server_url: str) -> Iterator[str]:
-    """A fresh PostgreSQL database for one run, dropped afterwards."""
-    name = f"jigsaw_bench_{os.getpid()}_{int(time.time())}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +18,12 @@ import httpx
 import pytest
 import uvicorn
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 
 from scheduler.db import make_engine, session_factory
 from scheduler.migrate import upgrade
 from scheduler.models.users import AGENT_SCOPE, USER_SCOPE, get_or_create_user, issue_token
 from scheduler.settings import DatabaseSettings, Settings
+from tests.servers import scratch_postgres
 
 POSTGRES_SERVER_URL = os.environ.get(
     "JIGSAW_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -70,16 +69,8 @@ def postgres_url(postgres_available: bool) -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
     if not postgres_available:
         pytest.skip(f"PostgreSQL not reachable at {POSTGRES_SERVER_URL}")
-    name = f"jigsaw_test_{uuid.uuid4().hex[:12]}"
-    admin = _postgres_admin_engine()
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield make_url(POSTGRES_SERVER_URL).set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_postgres(POSTGRES_SERVER_URL) as url:
+        yield url
 
 
 @pytest.fixture(

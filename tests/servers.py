@@ -1,4 +1,4 @@
-"""`jigsaw up` as a real subprocess, for tests and benchmarks that need whole servers."""
+"""Real servers for tests and benchmarks: `jigsaw up` subprocesses, scratch PostgreSQL DBs."""
 
 from __future__ import annotations
 
@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from api.credentials import load_credentials
 from api.server import free_port
@@ -80,3 +83,18 @@ def jigsaw_up(home: Path, *args: str, **env_extra: str) -> Iterator[Server]:
     output = log.read_text()
     assert proc.returncode == 0, f"jigsaw up exited with {proc.returncode}:\n{output[-3000:]}"
     assert "Traceback" not in output, output[-3000:]
+
+
+@contextmanager
+def scratch_postgres(server_url: str, prefix: str = "jigsaw_test") -> Iterator[str]:
+    """A fresh, empty PostgreSQL database on `server_url`'s server, dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
