@@ -1,0 +1,182 @@
+"""Overhead of the training runtime over a bare DDP loop, in the same processes.
+
+Two gloo workers on localhost run the same trial (model, data, batches) two ways,
+interleaved in alternating order to cancel drift:
+  * bare:    DistributedDataParallel + DistributedSampler + optimizer, nothing else;
+  * runtime: `run_worker` with a controller checked at every boundary, the boundary
+    all-reduce, step timing hooks and batched reports.
+Iterations are timed after a warm-up, from boundary `warmup` to the last boundary.
+Figures are medians over repetitions; "overhead %" is the runtime's median time per
+iteration over the bare loop's, minus one.
+
+    python -m benchmarks.runtime_overhead [--workload digits-cnn] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from api.server import free_port
+from benchmarks.harness import emit
+from worker_agent.runtime.config import WorkerConfig
+from worker_agent.runtime.control import LocalController
+from worker_agent.runtime.loop import run_worker
+from worker_agent.runtime.trial import TrialContext
+from worker_agent.runtime.workloads import load_trial
+
+WORLD_SIZE = 2
+MODES = ("bare", "runtime")
+
+
+@dataclass
+class TimedController(LocalController):
+    """Notes when rank 0 reaches the boundaries that open and close the timed window."""
+
+    window: tuple[int, int] = (0, 0)
+    times: dict[int, float] = field(default_factory=dict)
+
+    def check(self, iteration: int) -> Any:
+        if iteration in self.window:
+            self.times[iteration] = time.perf_counter()
+        return super().check(iteration)
+
+
+def _config(rank: int, port: int, args: argparse.Namespace) -> WorkerConfig:
+    return WorkerConfig(
+        job_id=0,
+        workload=args.workload,
+        hyperparameters={"batch_size": args.batch_size},
+        rank=rank,
+        world_size=WORLD_SIZE,
+        master_port=port,
+        max_iterations=args.warmup + args.iterations,
+        # No evaluation inside the timed window: it would be the same work in both modes.
+        eval_every=args.warmup + args.iterations + 1,
+        torch_threads=1,
+    )
+
+
+def _runtime_seconds(config: WorkerConfig, args: argparse.Namespace) -> float:
+    controller = TimedController(window=(args.warmup, args.warmup + args.iterations))
+    run_worker(config, controller)
+    if config.rank != 0:
+        return math.nan  # only rank 0 consults its controller
+    return controller.times[controller.window[1]] - controller.times[controller.window[0]]
+
+
+def _bare_seconds(config: WorkerConfig, args: argparse.Namespace) -> float:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{config.master_addr}:{config.master_port}",
+        rank=config.rank,
+        world_size=config.world_size,
+        timeout=timedelta(seconds=config.collective_timeout_seconds),
+    )
+    try:
+        torch.manual_seed(config.seed)
+        context = TrialContext(
+            config.hyperparameters, config.rank, WORLD_SIZE, torch.device("cpu"), config.seed
+        )
+        trial = load_trial(config.workload)(context)
+        model = DistributedDataParallel(trial.build_model())
+        optimizer = trial.build_optimizer(model.parameters())
+        sampler: DistributedSampler[Any] = DistributedSampler(
+            trial.train_data(), WORLD_SIZE, config.rank, seed=config.seed, drop_last=True
+        )
+        loader = DataLoader(
+            trial.train_data(), context.per_rank_batch_size, sampler=sampler, drop_last=True
+        )
+        iteration, epoch, start = 0, 0, 0.0
+        while iteration < args.warmup + args.iterations:
+            sampler.set_epoch(epoch)
+            for batch in loader:
+                if iteration == args.warmup:
+                    start = time.perf_counter()
+                optimizer.zero_grad()
+                trial.loss(model, batch).backward()
+                optimizer.step()
+                iteration += 1
+                if iteration == args.warmup + args.iterations:
+                    break
+            epoch += 1
+        # Both modes end their window after a collective: the runtime's boundary check.
+        dist.barrier()
+        return time.perf_counter() - start
+    finally:
+        dist.destroy_process_group()
+
+
+def _member(rank: int, ports: list[int], args: argparse.Namespace, results: Any) -> None:
+    torch.set_num_threads(1)
+    timings: list[tuple[str, float]] = []
+    for repeat in range(args.repeats):
+        # Alternate which mode goes first, so drift (thermal, caches) hits both alike.
+        order = MODES if repeat % 2 == 0 else tuple(reversed(MODES))
+        for slot, mode in enumerate(order):
+            config = _config(rank, ports[2 * repeat + slot], args)
+            run = _bare_seconds if mode == "bare" else _runtime_seconds
+            seconds = run(config, args)
+            if rank == 0:
+                timings.append((mode, seconds))
+    if rank == 0:
+        results.put(timings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="digits-cnn")
+    parser.add_argument("--batch-size", type=int, default=64, help="global batch")
+    parser.add_argument("--iterations", type=int, default=300, help="timed per repetition")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    context = torch.multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ports = [free_port() for _ in range(2 * args.repeats)]
+    processes = [
+        context.Process(target=_member, args=(rank, ports, args, results))
+        for rank in range(WORLD_SIZE)
+    ]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join()
+    if any(process.exitcode != 0 for process in processes):
+        raise SystemExit("a benchmark worker failed (traceback above)")
+    timings: list[tuple[str, float]] = results.get(timeout=10)
+
+    per_iteration = {
+        mode: sorted(seconds / args.iterations for m, seconds in timings if m == mode)
+        for mode in MODES
+    }
+    bare_median = statistics.median(per_iteration["bare"])
+    rows = [
+        {
+            "case": mode,
+            "workload": args.workload,
+            "workers": WORLD_SIZE,
+            "it/s": 1 / statistics.median(values),
+            "ms/it": 1000 * statistics.median(values),
+            "ms/it best": 1000 * values[0],
+            "overhead %": 100 * (statistics.median(values) / bare_median - 1),
+        }
+        for mode, values in per_iteration.items()
+    ]
+    emit(rows, f"Runtime overhead vs bare DDP ({args.repeats} interleaved repetitions)", args.json)
+
+
+if __name__ == "__main__":
+    main()

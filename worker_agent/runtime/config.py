@@ -1,0 +1,61 @@
+"""What one worker process is told to do: the JSON file the node agent writes for it.
+
+Imports no torch, so the agent can build and validate configurations cheaply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from scheduler.jobspec import Hyperparameters, TargetMetric
+
+
+class WorkerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: int
+    workload: str = Field(description="A built-in workload name or `package.module:Class`.")
+    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    master_addr: str = Field(default="127.0.0.1", description="Rank 0's host for rendezvous.")
+    master_port: int = Field(ge=1, le=65535)
+    backend: Literal["gloo", "nccl"] | None = Field(
+        default=None, description="Collective backend; None picks nccl on CUDA, gloo otherwise."
+    )
+    device: str = Field(default="cpu", description="`cpu` or `cuda:N`.")
+    seed: int = 0
+    max_iterations: int | None = Field(default=None, ge=1)
+    target_metric: TargetMetric | None = None
+    eval_every: int = Field(default=100, ge=1, description="Iterations between evaluations.")
+    checkpoint_dir: Path | None = Field(
+        default=None,
+        description="Where rank 0 writes checkpoints and every rank reads them on start; "
+        "must be shared storage when ranks span nodes. None disables suspend/resume.",
+    )
+    data_dir: Path | None = Field(default=None, description="A cache for trials' data.")
+    torch_threads: int | None = Field(
+        default=None, ge=1, description="CPU threads of this slot (torch.set_num_threads)."
+    )
+    report_every_iterations: int = Field(default=10, ge=1)
+    report_every_seconds: float = Field(default=1.0, gt=0)
+    collective_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a rank waits on its peers before failing (a peer has died).",
+    )
+
+    @model_validator(mode="after")
+    def _rank_in_world(self) -> WorkerConfig:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        return self
+
+    @property
+    def resolved_backend(self) -> Literal["gloo", "nccl"]:
+        if self.backend is not None:
+            return self.backend
+        return "nccl" if self.device.startswith("cuda") else "gloo"

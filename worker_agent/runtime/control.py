@@ -1,0 +1,126 @@
+"""Who decides at iteration boundaries: the `Controller` rank 0 consults.
+
+Only rank 0 calls `check`, `report` and `evaluation`; the loop broadcasts each decision
+to its peers so that every rank acts at the same boundary. Every rank calls `exit`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection
+from typing import Any, Protocol
+
+from worker_agent.runtime.protocol import (
+    Action,
+    Decision,
+    ExitStatus,
+    IterationRecord,
+    parse_address,
+)
+
+
+class Controller(Protocol):
+    def check(self, iteration: int) -> Decision:
+        """The decision at boundary `iteration` (iterations completed so far)."""
+        ...
+
+    def report(self, records: list[IterationRecord]) -> None: ...
+
+    def evaluation(self, iteration: int, metrics: dict[str, float]) -> None: ...
+
+    def log(self, level: int, message: str) -> None: ...
+
+    def exit(self, status: ExitStatus) -> None: ...
+
+
+@dataclass
+class LocalController:
+    """An in-process controller with a fixed script, for tests and benchmarks.
+
+    It records every call so tests can check who called what.
+    """
+
+    suspend_at: int | None = None
+    stop_at: int | None = None
+    # Boundary -> new configuration, each bumping config_version by one.
+    reconfigure_at: dict[int, dict[str, Any]] = field(default_factory=dict)
+    checks: list[int] = field(default_factory=list)
+    records: list[IterationRecord] = field(default_factory=list)
+    evaluations: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    logs: list[tuple[int, str]] = field(default_factory=list)
+    status: ExitStatus | None = None
+    _config_version: int = 0
+    _config: dict[str, Any] = field(default_factory=dict)
+
+    def check(self, iteration: int) -> Decision:
+        self.checks.append(iteration)
+        if iteration in self.reconfigure_at:
+            self._config_version += 1
+            self._config = self.reconfigure_at[iteration]
+        action = Action.CONTINUE
+        if iteration == self.stop_at:
+            action = Action.STOP
+        elif iteration == self.suspend_at:
+            action = Action.SUSPEND
+        return Decision(action, self._config_version, self._config, lease_until=iteration + 1)
+
+    def report(self, records: list[IterationRecord]) -> None:
+        self.records.extend(records)
+
+    def evaluation(self, iteration: int, metrics: dict[str, float]) -> None:
+        self.evaluations.append((iteration, metrics))
+
+    def log(self, level: int, message: str) -> None:
+        self.logs.append((level, message))
+
+    def exit(self, status: ExitStatus) -> None:
+        self.status = status
+
+
+class ConnectionController:
+    """Speaks `protocol` to the node agent over a `multiprocessing.connection`."""
+
+    def __init__(self, connection: Connection, job_id: int, rank: int) -> None:
+        self._connection = connection
+        self._decision: Decision | None = None
+        connection.send({"type": "hello", "job_id": job_id, "rank": rank, "pid": os.getpid()})
+
+    @classmethod
+    def connect(cls, address: str, authkey: bytes, job_id: int, rank: int) -> ConnectionController:
+        return cls(Client(parse_address(address), authkey=authkey), job_id, rank)
+
+    def check(self, iteration: int) -> Decision:
+        held = self._decision
+        if held is not None and held.action is Action.CONTINUE and iteration < held.lease_until:
+            return held
+        self._connection.send({"type": "check", "iteration": iteration})
+        self._decision = Decision.from_message(self._connection.recv())
+        return self._decision
+
+    def report(self, records: list[IterationRecord]) -> None:
+        self._connection.send(
+            {"type": "report", "records": [record.to_message() for record in records]}
+        )
+
+    def evaluation(self, iteration: int, metrics: dict[str, float]) -> None:
+        self._connection.send({"type": "evaluation", "iteration": iteration, "metrics": metrics})
+
+    def log(self, level: int, message: str) -> None:
+        self._connection.send(
+            {"type": "log", "level": logging.getLevelName(level), "message": message}
+        )
+
+    def exit(self, status: ExitStatus) -> None:
+        try:
+            self._connection.send(
+                {
+                    "type": "exit",
+                    "status": status.outcome.value,
+                    "iteration": status.iteration,
+                    "error_tail": status.error_tail,
+                }
+            )
+        finally:
+            self._connection.close()

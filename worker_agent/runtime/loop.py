@@ -1,0 +1,284 @@
+"""The training loop the platform runs around a `Trial`, one process per GPU slot.
+
+Every iteration starts at a boundary where rank 0 consults its controller and all ranks
+agree on what to do (`boundary`), so that suspending, stopping or reconfiguring happens
+at the same iteration everywhere. Data parallelism is PyTorch's DDP in its standard mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from worker_agent.runtime import checkpoint, rng
+from worker_agent.runtime.boundary import Agreement, BoundarySync
+from worker_agent.runtime.config import WorkerConfig
+from worker_agent.runtime.control import Controller
+from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
+from worker_agent.runtime.reporting import ReportBuffer
+from worker_agent.runtime.sampling import DataPosition, ShardedBatches
+from worker_agent.runtime.timing import (
+    CommMeter,
+    CpuUtilization,
+    DeviceClock,
+    Mark,
+    peak_memory_bytes,
+)
+from worker_agent.runtime.trial import TrialContext
+from worker_agent.runtime.workloads import load_trial
+
+logger = logging.getLogger(__name__)
+
+# Enough of a traceback to diagnose a failure from the job's events.
+_ERROR_TAIL_CHARS = 4000
+
+
+def run_worker(config: WorkerConfig, controller: Controller) -> ExitStatus:
+    """Train until succeeded, stopped or suspended, and say how it ended.
+
+    A failure is reported to the controller and re-raised.
+    """
+    device = torch.device(config.device)
+    status = ExitStatus(Outcome.FAILED, 0)
+    training: _Training | None = None
+    try:
+        _init_distributed(config, device)
+        training = _Training(config, controller, device)
+        status = training.run()
+        return status
+    except BaseException:
+        status = ExitStatus(
+            Outcome.FAILED,
+            training.iteration if training is not None else 0,
+            error_tail=traceback.format_exc()[-_ERROR_TAIL_CHARS:],
+        )
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        controller.exit(status)
+
+
+def _init_distributed(config: WorkerConfig, device: torch.device) -> None:
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        backend=config.resolved_backend,
+        init_method=f"tcp://{config.master_addr}:{config.master_port}",
+        rank=config.rank,
+        world_size=config.world_size,
+        timeout=timedelta(seconds=config.collective_timeout_seconds),
+    )
+
+
+class _Training:
+    def __init__(self, config: WorkerConfig, controller: Controller, device: torch.device) -> None:
+        self._config = config
+        self._controller = controller
+        self._device = device
+        self._rank0 = config.rank == 0
+        context = TrialContext(
+            hyperparameters=config.hyperparameters,
+            rank=config.rank,
+            world_size=config.world_size,
+            device=device,
+            seed=config.seed,
+            data_dir=config.data_dir,
+        )
+        if config.hyperparameters.batch_size % config.world_size:
+            logger.warning(
+                "batch_size %d is not a multiple of %d workers: the global batch is %d",
+                config.hyperparameters.batch_size,
+                config.world_size,
+                context.per_rank_batch_size * config.world_size,
+            )
+        self._global_batch = context.per_rank_batch_size * config.world_size
+
+        # Everything a trial builds comes from the job's seed alone, identically on every
+        # rank; per-rank streams start only after (and are what checkpoints restore).
+        torch.manual_seed(config.seed)
+        self._trial = load_trial(config.workload)(context)
+        model = self._trial.build_model().to(device)
+        self._optimizer = self._trial.build_optimizer(model.parameters())
+        dataset = self._trial.train_data()
+        rng.seed_rank(config.seed, config.rank)
+        resumed = (
+            checkpoint.load(config.checkpoint_dir, model=model, optimizer=self._optimizer)
+            if config.checkpoint_dir is not None
+            else None
+        )
+        self.iteration = resumed.iteration if resumed is not None else 0
+
+        self._model = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        self._clock = DeviceClock(device)
+        self._comm = CommMeter(self._clock)
+        self._model.register_comm_hook(self._comm, CommMeter.hook)
+        self._batches = ShardedBatches(
+            dataset,
+            rank=config.rank,
+            world_size=config.world_size,
+            batch_size=context.per_rank_batch_size,
+            seed=config.seed,
+            start=resumed.position if resumed is not None else DataPosition(),
+        )
+        self._sync = BoundarySync(config.rank, config.world_size, device)
+        self._reports = ReportBuffer(
+            controller, config.report_every_iterations, config.report_every_seconds
+        )
+        self._utilization = CpuUtilization() if device.type == "cpu" else None
+        self._config_version = 0
+        self._decision: Decision | None = None  # rank 0's, for the coming boundary
+        self._metrics: dict[str, float] = {}
+        self._evaluated_at: int | None = None
+        self._target_reached = False
+        if resumed is not None:
+            self._announce(f"resumed from the checkpoint at iteration {self.iteration}")
+
+    def run(self) -> ExitStatus:
+        # The first boundary of this process has no step to hide its agreement behind.
+        agreed = self._agree_now(self._check(self.iteration))
+        while True:
+            if agreed.decision.config_version != self._config_version:
+                self._config_version = agreed.decision.config_version
+                self._announce(f"configuration version {self._config_version} applied")
+            outcome = self._outcome(agreed)
+            if outcome is not None:
+                return self._finish(outcome)
+            agreed = self._step()
+            self.iteration += 1
+            if self.iteration % self._config.eval_every == 0:
+                if self._rank0:
+                    self._evaluate()
+                # Every rank knows evaluation boundaries, so all agree once more there:
+                # a reached target stops everyone at this very boundary.
+                agreed = self._agree_now(self._decision)
+
+    def _check(self, boundary: int) -> Decision | None:
+        if not self._rank0:
+            return None
+        self._decision = self._controller.check(boundary)
+        return self._decision
+
+    def _agree_now(self, decision: Decision | None) -> Agreement:
+        return self._sync.agree(decision, self._target_reached)
+
+    def _outcome(self, agreed: Agreement) -> Outcome | None:
+        limit = self._config.max_iterations
+        if agreed.target_reached or (limit is not None and self.iteration >= limit):
+            return Outcome.SUCCEEDED
+        if agreed.decision.action is Action.STOP:
+            return Outcome.STOPPED
+        if agreed.decision.action is Action.SUSPEND:
+            return Outcome.SUSPENDED
+        return None
+
+    def _step(self) -> Agreement:
+        """One iteration, and the agreement on the boundary after it.
+
+        Rank 0 asks for the next boundary's decision before the step so that the
+        agreement's all-reduce runs during backward.
+        """
+        decision = self._check(self.iteration + 1)
+        self._comm.reset()
+        start = self._clock.mark()
+        batch = _to_device(self._batches.next(), self._device)
+        self._optimizer.zero_grad()
+        loss = self._trial.loss(self._model, batch)
+        self._sync.launch(decision, self._target_reached, loss)
+        loss.backward()
+        backward_end = self._clock.mark()
+        self._optimizer.step()
+        end = self._clock.mark()
+        agreed = self._sync.wait()
+        if self._rank0:
+            self._clock.synchronize()
+            self._reports.add(self._record(start, backward_end, end, agreed.mean_loss))
+        return agreed
+
+    def _record(
+        self, start: Mark, backward_end: Mark, end: Mark, mean_loss: float
+    ) -> IterationRecord:
+        step = self._clock.seconds(start, end)
+        launch = self._comm.last_launch
+        comm = self._clock.seconds(launch, backward_end) if launch is not None else 0.0
+        return IterationRecord(
+            iteration=self.iteration + 1,
+            step_seconds=step,
+            compute_seconds=step - comm,
+            comm_seconds=comm,
+            samples_per_second=self._global_batch / step,
+            loss=mean_loss,
+            utilization=self._utilization.sample() if self._utilization is not None else None,
+            peak_memory_bytes=peak_memory_bytes(self._device),
+            bytes_communicated=self._comm.bytes,
+        )
+
+    def _evaluate(self) -> None:
+        model = self._model.module
+        # Evaluation runs on rank 0 alone; it must not perturb rank 0's random streams.
+        state = rng.capture()
+        model.eval()
+        try:
+            metrics = self._trial.evaluate(model)
+        finally:
+            model.train()
+            rng.restore(state)
+        self._metrics = {name: float(value) for name, value in metrics.items()}
+        self._evaluated_at = self.iteration
+        self._controller.evaluation(self.iteration, self._metrics)
+        self._target_reached = self._meets_target()
+
+    def _meets_target(self) -> bool:
+        target = self._config.target_metric
+        if target is None:
+            return False
+        if target.name not in self._metrics:
+            raise ValueError(
+                f"target metric {target.name!r} is not among the evaluated metrics "
+                f"{sorted(self._metrics)}"
+            )
+        value = self._metrics[target.name]
+        return value >= target.value if target.mode == "max" else value <= target.value
+
+    def _finish(self, outcome: Outcome) -> ExitStatus:
+        if self._rank0:
+            self._reports.flush()
+        if outcome is Outcome.SUCCEEDED and self._rank0 and self._evaluated_at != self.iteration:
+            self._evaluate()
+        if outcome is Outcome.SUSPENDED and self._config.checkpoint_dir is None:
+            logger.warning("no checkpoint_dir: progress up to iteration %d is lost", self.iteration)
+        if outcome in (Outcome.SUCCEEDED, Outcome.SUSPENDED) and self._config.checkpoint_dir:
+            checkpoint.save(
+                self._config.checkpoint_dir,
+                model=self._model.module,
+                optimizer=self._optimizer,
+                iteration=self.iteration,
+                position=self._batches.position,
+            )
+        self._announce(f"{outcome.value} at iteration {self.iteration}")
+        return ExitStatus(outcome, self.iteration, dict(self._metrics), self._config_version)
+
+    def _announce(self, message: str) -> None:
+        logger.info(message)
+        if self._rank0:
+            self._controller.log(logging.INFO, message)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, list | tuple):
+        return type(batch)(_to_device(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: _to_device(value, device) for key, value in batch.items()}
+    return batch

@@ -1,0 +1,113 @@
+"""The worker <-> node-agent wire protocol, in one place. Imports no torch.
+
+Transport: `multiprocessing.connection` (pickled dicts, HMAC-authenticated with the
+agent's authkey). The agent holds the Listener; every worker process connects once and
+sends messages in this order:
+
+worker -> agent
+    {"type": "hello", "job_id": int, "rank": int, "pid": int}               first, once
+    {"type": "check", "iteration": int}                      rank 0 only; agent replies
+    {"type": "report", "records": [IterationRecord as dict, ...]}          rank 0 only
+    {"type": "evaluation", "iteration": int, "metrics": {str: float}}      rank 0 only
+    {"type": "log", "level": "INFO" | "WARNING" | ..., "message": str}
+    {"type": "exit", "status": Outcome value, "iteration": int,
+     "error_tail": str | None}                                         last, once
+agent -> worker (only as the reply to "check")
+    {"action": "continue" | "suspend" | "stop", "config_version": int,
+     "config": dict, "lease_until": int}
+
+`iteration` is always a boundary: the number of iterations completed. A decision holds
+from the boundary it was asked at until `lease_until`: while the action is "continue"
+and the boundary is below `lease_until`, the worker does not ask again (the agent sets
+`lease_until = iteration + 1` to be asked at every boundary). `config` changes only
+together with `config_version`.
+
+Process exit codes are in `EXIT_CODES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Action(StrEnum):
+    CONTINUE = "continue"
+    SUSPEND = "suspend"  # checkpoint, then exit; the job resumes later, maybe elsewhere
+    STOP = "stop"  # exit now without a checkpoint
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"  # max_iterations or the target metric reached
+    SUSPENDED = "suspended"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+# The worker process's exit code for each outcome.
+EXIT_CODES: dict[Outcome, int] = {
+    Outcome.SUCCEEDED: 0,
+    Outcome.FAILED: 1,
+    Outcome.SUSPENDED: 3,
+    Outcome.STOPPED: 4,
+}
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action = Action.CONTINUE
+    config_version: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    lease_until: int = 0
+
+    def to_message(self) -> dict[str, Any]:
+        return {**asdict(self), "action": self.action.value}
+
+    @classmethod
+    def from_message(cls, message: dict[str, Any]) -> Decision:
+        return cls(
+            action=Action(message["action"]),
+            config_version=int(message["config_version"]),
+            config=dict(message["config"]),
+            lease_until=int(message["lease_until"]),
+        )
+
+
+@dataclass(frozen=True)
+class IterationRecord:
+    """One training iteration as rank 0 saw it; fields match `iteration_metrics`."""
+
+    iteration: int
+    step_seconds: float
+    compute_seconds: float
+    comm_seconds: float
+    samples_per_second: float
+    loss: float
+    utilization: float | None
+    peak_memory_bytes: int
+    bytes_communicated: int
+
+    def to_message(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    outcome: Outcome
+    iteration: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    config_version: int = 0
+    error_tail: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.outcome]
+
+
+def parse_address(address: str) -> tuple[str, int] | str:
+    """`host:port` is a TCP address; anything else is a Unix socket path."""
+    host, sep, port = address.rpartition(":")
+    if sep and host and port.isdigit():
+        return host, int(port)
+    return address

@@ -1,0 +1,31 @@
+"""Batches iteration records to the controller: one message per N iterations or T seconds."""
+
+from __future__ import annotations
+
+import time
+
+from worker_agent.runtime.control import Controller
+from worker_agent.runtime.protocol import IterationRecord
+
+
+class ReportBuffer:
+    def __init__(self, controller: Controller, every_iterations: int, every_seconds: float) -> None:
+        self._controller = controller
+        self._every_iterations = every_iterations
+        self._every_seconds = every_seconds
+        self._records: list[IterationRecord] = []
+        self._last_flush = time.monotonic()
+
+    def add(self, record: IterationRecord) -> None:
+        self._records.append(record)
+        if (
+            len(self._records) >= self._every_iterations
+            or time.monotonic() - self._last_flush >= self._every_seconds
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        if self._records:
+            self._controller.report(self._records)
+            self._records = []
+        self._last_flush = time.monotonic()

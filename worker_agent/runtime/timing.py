@@ -1,0 +1,96 @@
+"""Step timing split into compute and exposed communication, and per-step counters.
+
+Communication is measured as DDP exposes it, not as it runs: DDP all-reduces gradient
+buckets while backward still computes, so only the tail after the last bucket is
+launched (all gradients computed) until backward returns (all buckets reduced) is time
+the step spends on communication alone. That tail is `comm_seconds`; the rest of the
+step is `compute_seconds`. Bucket launches are observed by a DDP comm hook that wraps
+PyTorch's own all-reduce hook, so gradients are reduced exactly as without it.
+"""
+
+# No `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
+# annotations at runtime and refuses strings.
+import resource
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+Mark = float | torch.cuda.Event
+
+
+class DeviceClock:
+    """Timestamps in the device's order of execution.
+
+    On CUDA the host only queues work, so marks are CUDA events; read them after
+    `synchronize()`. On CPU they are host times.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._cuda = device.type == "cuda"
+        self._device = device
+
+    def mark(self) -> Mark:
+        if not self._cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def synchronize(self) -> None:
+        if self._cuda:
+            torch.cuda.synchronize(self._device)
+
+    @staticmethod
+    def seconds(start: Mark, end: Mark) -> float:
+        if isinstance(start, float) and isinstance(end, float):
+            return end - start
+        assert isinstance(start, torch.cuda.Event) and isinstance(end, torch.cuda.Event)
+        return start.elapsed_time(end) / 1000.0
+
+
+class CommMeter:
+    """DDP comm hook state: the last bucket launch and the bytes of one backward pass."""
+
+    def __init__(self, clock: DeviceClock) -> None:
+        self._clock = clock
+        self.last_launch: Mark | None = None
+        self.bytes = 0
+
+    def reset(self) -> None:
+        self.last_launch = None
+        self.bytes = 0
+
+    @staticmethod
+    def hook(meter: "CommMeter", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        """Register with `DistributedDataParallel.register_comm_hook(meter, CommMeter.hook)`."""
+        buffer = bucket.buffer()
+        meter.bytes += buffer.numel() * buffer.element_size()
+        meter.last_launch = meter._clock.mark()
+        # None: the default process group, as DDP itself would use.
+        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    # Linux reports ru_maxrss in KiB.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class CpuUtilization:
+    """Process CPU time over wall time per torch thread, between successive calls.
+
+    Above 1 when threads other than torch's (gloo's) are busy too.
+    """
+
+    def __init__(self) -> None:
+        self._cpu = time.process_time()
+        self._wall = time.perf_counter()
+
+    def sample(self) -> float:
+        cpu, wall = time.process_time(), time.perf_counter()
+        utilization = (cpu - self._cpu) / max(wall - self._wall, 1e-9) / torch.get_num_threads()
+        self._cpu, self._wall = cpu, wall
+        return utilization
