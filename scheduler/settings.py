@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -102,6 +102,62 @@ class SchedulerSettings(BaseSettings):
     )
 
 
+class GrpcSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_GRPC_", extra="ignore")
+
+    host: str = Field(
+        default="127.0.0.1",
+        description="Address the agents' gRPC endpoint binds to (agents dial the scheduler); "
+        "0.0.0.0 to accept agents on other machines.",
+    )
+    port: int = Field(
+        default=8266, ge=0, le=65535, description="Port of the agents' gRPC endpoint."
+    )
+    tls_cert: Path | None = Field(
+        default=None,
+        description="PEM certificate chain the gRPC endpoint presents; unset serves "
+        "plaintext (set together with tls_key).",
+    )
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
+    tls_ca: Path | None = Field(
+        default=None,
+        description="PEM CA bundle; when set, agents must present a client certificate "
+        "it signed (mutual TLS), on top of the cluster token.",
+    )
+    max_connections: int = Field(
+        default=256,
+        ge=1,
+        description="Concurrent agent calls served; each connected agent holds one.",
+    )
+    rendezvous_port_min: int = Field(
+        default=29500,
+        ge=1024,
+        le=65535,
+        description="Lowest port rank 0 of a job may listen on for torch.distributed.",
+    )
+    rendezvous_port_max: int = Field(
+        default=29999,
+        ge=1024,
+        le=65535,
+        description="Highest port rank 0 of a job may listen on for torch.distributed.",
+    )
+    checkpoint_dir: Path | None = Field(
+        default=None,
+        description="Directory under which each job checkpoints (`job-<id>/`); it must be "
+        "the same shared storage on every node. Unset means `$JIGSAW_HOME/checkpoints`.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GrpcSettings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("set both tls_cert and tls_key, or neither")
+        if self.tls_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_ca (client certificates) needs tls_cert and tls_key")
+        if self.rendezvous_port_min > self.rendezvous_port_max:
+            raise ValueError("rendezvous_port_min is above rendezvous_port_max")
+        return self
+
+
 class Settings(BaseSettings):
     """All settings; sections are read independently from their own prefixes."""
 
@@ -118,6 +174,13 @@ class Settings(BaseSettings):
     scheduler: SchedulerSettings = Field(
         default_factory=SchedulerSettings, description="Scheduling round loop."
     )
+    grpc: GrpcSettings = Field(
+        default_factory=GrpcSettings, description="The endpoint worker agents dial."
+    )
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.grpc.checkpoint_dir or self.home / "checkpoints"
 
     @property
     def database_url(self) -> str:

@@ -55,6 +55,27 @@ def test_suspend_and_resume_on_other_ranks_continues_the_same_trajectory(tmp_pat
     assert resumed[0].checks[0] == SUSPEND_AT
     assert [r.iteration for r in resumed[0].records] == list(range(SUSPEND_AT + 1, ITERATIONS + 1))
 
+    _assert_same_final_state(straight, interrupted)
+
+
+def test_a_killed_run_resumes_from_its_last_periodic_checkpoint(tmp_path: Path) -> None:
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    run_gang(worker_configs(2, checkpoint_dir=straight, **_FIELDS))
+
+    # A stop writes no checkpoint, as a dead node would not: only the periodic one counts.
+    stopped = run_gang(
+        worker_configs(2, checkpoint_dir=crashed, checkpoint_every=5, **_FIELDS),
+        [LocalController(stop_at=8), LocalController()],
+    )
+    assert stopped[0].status is not None and stopped[0].status.iteration == 8
+    assert _final_state(crashed)["iteration"] == 5
+
+    resumed = run_gang(worker_configs(2, checkpoint_dir=crashed, checkpoint_every=5, **_FIELDS))
+    assert resumed[0].checks[0] == 5
+    _assert_same_final_state(straight, crashed)
+
+
+def _assert_same_final_state(straight: Path, interrupted: Path) -> None:
     expected, actual = _final_state(straight), _final_state(interrupted)
     assert actual["iteration"] == expected["iteration"] == ITERATIONS
     assert (actual["epoch"], actual["batch"]) == (expected["epoch"], expected["batch"]) == (2, 4)

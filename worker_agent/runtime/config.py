@@ -36,6 +36,12 @@ class WorkerConfig(BaseModel):
         description="Where rank 0 writes checkpoints and every rank reads them on start; "
         "must be shared storage when ranks span nodes. None disables suspend/resume.",
     )
+    checkpoint_every: int | None = Field(
+        default=None,
+        ge=1,
+        description="Iterations between periodic checkpoints, so a job whose node dies "
+        "resumes near where it was; None checkpoints only on suspend and success.",
+    )
     data_dir: Path | None = Field(default=None, description="A cache for trials' data.")
     torch_threads: int | None = Field(
         default=None, ge=1, description="CPU threads of this slot (torch.set_num_threads)."

@@ -156,6 +156,9 @@ class _Training:
                 return self._finish(outcome)
             agreed = self._step()
             self.iteration += 1
+            every = self._config.checkpoint_every
+            if every is not None and self.iteration % every == 0:
+                self._checkpoint()
             if self.iteration % self._config.eval_every == 0:
                 if self._rank0:
                     self._evaluate()
@@ -257,7 +260,14 @@ class _Training:
             self._evaluate()
         if outcome is Outcome.SUSPENDED and self._config.checkpoint_dir is None:
             logger.warning("no checkpoint_dir: progress up to iteration %d is lost", self.iteration)
-        if outcome in (Outcome.SUCCEEDED, Outcome.SUSPENDED) and self._config.checkpoint_dir:
+        if outcome in (Outcome.SUCCEEDED, Outcome.SUSPENDED):
+            self._checkpoint()
+        self._announce(f"{outcome.value} at iteration {self.iteration}")
+        return ExitStatus(outcome, self.iteration, dict(self._metrics), self._config_version)
+
+    def _checkpoint(self) -> None:
+        """Collective (every rank knows the boundaries that checkpoint)."""
+        if self._config.checkpoint_dir is not None:
             checkpoint.save(
                 self._config.checkpoint_dir,
                 model=self._model.module,
@@ -265,8 +275,6 @@ class _Training:
                 iteration=self.iteration,
                 position=self._batches.position,
             )
-        self._announce(f"{outcome.value} at iteration {self.iteration}")
-        return ExitStatus(outcome, self.iteration, dict(self._metrics), self._config_version)
 
     def _announce(self, message: str) -> None:
         logger.info(message)
