@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from api import errors, observability
-from api.deps import make_auth_cache
 from api.routes import cluster, health, jobs
 from scheduler.db import engine_from_settings, session_factory
+from scheduler.models.users import TokenVerifier
 from scheduler.settings import Settings, get_settings
 
 
@@ -21,7 +21,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.engine = engine_from_settings(settings)
     app.state.session_factory = session_factory(app.state.engine)
-    app.state.auth_cache = make_auth_cache(settings.api.auth_cache_seconds)
+    app.state.tokens = TokenVerifier(app.state.session_factory, settings.api.auth_cache_seconds)
     errors.install(app)
     app.state.metrics = observability.install(app)
     for router in (health.router, jobs.router, cluster.router):

@@ -8,11 +8,8 @@ be reached, 2 bad input (usage, an unreadable or invalid job spec).
 """
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -30,7 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from api.client import ApiError, JigsawClient
-from api.credentials import load_credentials, resolve
+from api.credentials import resolve
 from scheduler.jobspec import JobSpec
 from scheduler.settings import Settings
 from scheduler.states import JobState
@@ -267,8 +264,18 @@ def up(
     port: Annotated[
         int | None, typer.Option(min=0, max=65535, help="Port [JIGSAW_API_PORT]; 0 picks one.")
     ] = None,
-    virtual_nodes: Annotated[
-        int, typer.Option(min=0, max=1024, help="Simulated nodes to register (until real agents).")
+    local_agents: Annotated[
+        int,
+        typer.Option(min=0, max=64, help="Worker agents with virtual GPUs to start here."),
+    ] = 0,
+    gpus_per_agent: Annotated[
+        int, typer.Option(min=1, max=64, help="Virtual GPUs of each local agent.")
+    ] = 2,
+    simulated_nodes: Annotated[
+        int,
+        typer.Option(
+            min=0, max=1024, help="Instead of agents: simulated nodes whose jobs only pretend."
+        ),
     ] = 0,
     gpus_per_node: Annotated[
         int, typer.Option(min=1, max=64, help="Virtual GPUs per simulated node.")
@@ -282,21 +289,76 @@ def up(
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every HTTP request.")] = False,
 ) -> None:
-    """Run the API (and, as leader, the scheduler) on this machine until Ctrl-C."""
+    """Run the API and, as leader, the scheduler and the agents' gRPC endpoint, until Ctrl-C."""
     from api.server import serve
 
+    if local_agents and simulated_nodes:
+        _fail("give --local-agents or --simulated-nodes, not both", EXIT_BAD_INPUT)
     settings = _settings()
     serve(
         settings,
         host=host if host is not None else settings.api.host,
         port=port if port is not None else settings.api.port,
         scheduler=scheduler,
-        virtual_nodes=virtual_nodes,
+        simulated_nodes=simulated_nodes,
         gpus_per_node=gpus_per_node,
         sim_iterations_per_second=sim_speed,
+        local_agents=local_agents,
+        gpus_per_agent=gpus_per_agent,
         log_level=log_level.lower(),
         access_log=access_log,
     )
+
+
+@app.command()
+def agent(
+    scheduler: Annotated[
+        str | None, typer.Option(help="The scheduler's gRPC HOST:PORT [JIGSAW_AGENT_SCHEDULER].")
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(help="`auto` (CUDA devices) or N virtual GPUs [JIGSAW_AGENT_GPUS]."),
+    ] = None,
+    node_name: Annotated[
+        str | None, typer.Option(help="This node's name [JIGSAW_AGENT_NODE_NAME].")
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(help="Host other nodes reach this one at [JIGSAW_AGENT_ADDRESS]."),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(help="File holding the cluster token [JIGSAW_AGENT_TOKEN_FILE]."),
+    ] = None,
+    work_dir: Annotated[
+        Path | None, typer.Option(help="Worker configs and logs [JIGSAW_AGENT_WORK_DIR].")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Run a worker agent: serve this node's GPUs to the scheduler until Ctrl-C."""
+    import threading
+
+    from api.server import configure_logging
+    from worker_agent.agent import run_agent
+    from worker_agent.settings import AgentSettings
+
+    overrides = {
+        "scheduler": scheduler,
+        "gpus": gpus,
+        "node_name": node_name,
+        "address": address,
+        "token_file": token_file,
+        "work_dir": work_dir,
+    }
+    try:
+        settings = AgentSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        _fail(f"invalid agent setting: {'; '.join(_format_errors(exc))}", EXIT_BAD_INPUT)
+    configure_logging(log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    run_agent(settings, stop)
 
 
 # -- jobs -----------------------------------------------------------------------------
@@ -459,6 +521,55 @@ def cancel(
 
 
 @app.command()
+def suspend(
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+) -> None:
+    """Checkpoint a running job at its next iteration boundary and free its GPUs."""
+    with _api(ctx) as client:
+        job = client.suspend(job_id)
+    out.print(f"job {job.get('id')}: {_state(str(job.get('state')))}")
+
+
+@app.command()
+def resume(
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+) -> None:
+    """Queue a suspended job again; it continues from its checkpoint."""
+    with _api(ctx) as client:
+        job = client.resume(job_id)
+    out.print(f"job {job.get('id')}: {_state(str(job.get('state')))}")
+
+
+@app.command()
+def logs(
+    ctx: typer.Context,
+    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")
+    ] = False,
+) -> None:
+    """Print what the job's training processes wrote (rank-prefixed lines)."""
+    with _api(ctx) as client:
+        after, ended = 0, False
+        while True:
+            page = client.logs(job_id, after=after)
+            items = page.get("items", [])
+            for line in items:
+                typer.echo(f"[rank {line.get('rank')}] {line.get('message')}")
+            after = int(page.get("next_after", after))
+            if items:
+                continue
+            if not follow or ended:
+                return
+            # After the job ends, one more pass picks up lines written just before.
+            ended = client.get_job(job_id).get("state") in TERMINAL_STATES
+            if not ended:
+                time.sleep(1.0)
+
+
+@app.command()
 def cluster(
     ctx: typer.Context,
     as_json: Annotated[bool, typer.Option("--json", help="Print the cluster as JSON.")] = False,
@@ -471,7 +582,7 @@ def cluster(
         return
     nodes = view.get("nodes", [])
     if not nodes:
-        out.print("no nodes: start worker agents, or `jigsaw up --virtual-nodes N` to simulate")
+        out.print("no nodes: start worker agents, or `jigsaw up --local-agents N`")
     for node in nodes:
         alive = "[green]alive[/green]" if node.get("alive") else "[red]down[/red]"
         version = node.get("agent_version") or "-"
@@ -632,126 +743,26 @@ def token_create(
 
 # -- demo -----------------------------------------------------------------------------
 
-_DEMO_JOBS: list[dict[str, Any]] = [
-    {"name": "digits-mlp-a", "workload": "digits-mlp", "workers": 2, "max_iterations": 600},
-    {"name": "digits-cnn", "workload": "digits-cnn", "workers": 4, "max_iterations": 900},
-    {
-        "name": "transformer",
-        "workload": "text-transformer",
-        "workers": 4,
-        "max_iterations": 700,
-        "spb": "auto",
-    },
-    {
-        "name": "resnet",
-        "workload": "resnet-synthetic",
-        "workers": 2,
-        "max_iterations": 500,
-        "priority": 5,
-    },
-    {"name": "digits-mlp-b", "workload": "digits-mlp", "workers": 1, "max_iterations": 400},
-    {
-        "name": "to-cancel",
-        "workload": "transformer-synthetic",
-        "workers": 8,
-        "max_iterations": 5000,
-    },
-]
-
-
-def _jobs_table(items: list[dict[str, Any]], title: str) -> Table:
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for column in ("ID", "NAME", "STATE", "GPUS", "PROGRESS", "MESSAGE"):
-        table.add_column(column)
-    for job in sorted(items, key=lambda j: j.get("id", 0)):
-        table.add_row(
-            str(job.get("id")),
-            escape(str(job.get("name"))),
-            _state(str(job.get("state"))),
-            str(job.get("workers")),
-            _progress(job),
-            escape(str(job.get("message") or "")),
-        )
-    return table
-
 
 @app.command()
 def demo(
-    virtual_nodes: Annotated[int, typer.Option(min=1, max=16)] = 2,
-    gpus_per_node: Annotated[int, typer.Option(min=1, max=16)] = 4,
-    sim_speed: Annotated[float, typer.Option(min=1, help="Simulated iterations/s.")] = 150.0,
     home: Annotated[
         Path | None, typer.Option(help="State directory (default: a fresh temporary one).")
     ] = None,
 ) -> None:
-    """Start a throwaway cluster of simulated nodes, submit a few jobs, watch them run."""
-    from rich.live import Live
-
-    from api.server import free_port
+    """Start a throwaway cluster (API, scheduler, 2 agents), train a few jobs, summarise."""
+    from api.demo import DemoError, run_demo
 
     workdir = Path(home) if home else Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JIGSAW_")}
-    env.update(JIGSAW_HOME=str(workdir), JIGSAW_SCHEDULER_ROUND_SECONDS="0.25")
-    log_path = workdir / "server.log"
-    out.print(
-        f"starting `jigsaw up` with {virtual_nodes}x{gpus_per_node} virtual GPUs in {workdir}"
-    )
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "up", "--port", str(port),
-             "--virtual-nodes", str(virtual_nodes), "--gpus-per-node", str(gpus_per_node),
-             "--sim-speed", str(sim_speed)],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        credentials = None
-        while credentials is None:
-            if proc.poll() is not None:
-                _fail(f"the server exited ({proc.returncode}); see {log_path}")
-            if time.monotonic() > deadline:
-                _fail(f"the server did not start within 60 s; see {log_path}")
-            found = load_credentials(workdir)
-            if found is not None:
-                try:
-                    with JigsawClient(found.url, found.token, timeout=2) as probe:
-                        probe.ready()
-                    credentials = found
-                except ApiError:
-                    pass
-            time.sleep(0.2)
-        out.print(f"API on {credentials.url} (docs at {credentials.url}/docs)")
-        with JigsawClient(credentials.url, credentials.token) as client:
-            ids = [client.submit(spec)["id"] for spec in _DEMO_JOBS]
-            cancel_at = time.monotonic() + 3
-            cancelled = False
-            with Live(console=out, refresh_per_second=4) as live:
-                while True:
-                    jobs = [client.get_job(job_id) for job_id in ids]
-                    live.update(_jobs_table(jobs, "jobs (Ctrl-C to stop)"))
-                    if all(job.get("state") in TERMINAL_STATES for job in jobs):
-                        break
-                    if not cancelled and time.monotonic() > cancel_at:
-                        client.cancel(ids[-1])
-                        cancelled = True
-                    time.sleep(0.25)
-            if not out.is_terminal:
-                out.line()  # Live leaves the cursor after its last frame off a terminal
-            out.print("all jobs ended")
-    except ApiError as exc:
+        unsuccessful = run_demo(out, workdir, _state)
+    except (DemoError, ApiError) as exc:
         _fail(str(exc))
     except KeyboardInterrupt:
-        out.print("interrupted")
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        out.print(f"server stopped; its log is {log_path}")
+        _fail("interrupted")
+    if unsuccessful:
+        _fail(f"{unsuccessful} job(s) did not succeed; see `jigsaw job ID` and {workdir}")
 
 
 def main() -> None:

@@ -143,6 +143,18 @@ class JigsawClient:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self._request("POST", f"/v1/jobs/{int(job_id)}/cancel")
 
+    def suspend(self, job_id: int) -> dict[str, Any]:
+        return self._request("POST", f"/v1/jobs/{int(job_id)}/suspend")
+
+    def resume(self, job_id: int) -> dict[str, Any]:
+        return self._request("POST", f"/v1/jobs/{int(job_id)}/resume")
+
+    def logs(self, job_id: int, *, after: int = 0, limit: int | None = None) -> dict[str, Any]:
+        params: dict[str, int] = {"after": after}
+        if limit is not None:
+            params["limit"] = limit
+        return self._get(f"/v1/jobs/{int(job_id)}/logs", params=params)
+
     def events(self, job_id: int) -> dict[str, Any]:
         return self._get(f"/v1/jobs/{int(job_id)}/events")
 

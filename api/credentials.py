@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 CREDENTIALS_FILE = "credentials.json"
+# The cluster token of the agents `jigsaw up --local-agents` starts (`--token-file`).
+AGENT_TOKEN_FILE = "agent-token"
 FILE_MODE = 0o600
 
 
@@ -44,16 +46,29 @@ def load_credentials(home: Path) -> Credentials | None:
 
 
 def save_credentials(home: Path, credentials: Credentials) -> Path:
-    """Write the file atomically, readable by its owner only (never briefly wider)."""
-    home = Path(home)
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = credentials_path(home)
-    fd, tmp = tempfile.mkstemp(dir=home, prefix=".credentials-", suffix=".tmp")
+    return write_private(credentials_path(home), json.dumps(asdict(credentials), indent=2) + "\n")
+
+
+def agent_token_path(home: Path) -> Path:
+    return Path(home) / AGENT_TOKEN_FILE
+
+
+def load_agent_token(home: Path) -> str | None:
+    try:
+        token = agent_token_path(home).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return token or None
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write a secret atomically, readable by its owner only (never briefly wider)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-", suffix=".tmp")
     try:
         os.fchmod(fd, FILE_MODE)  # mkstemp already creates 0600; make it explicit
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(asdict(credentials), handle, indent=2)
-            handle.write("\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from cachetools import TTLCache
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.errors import ApiProblem
-from scheduler.db import transaction
-from scheduler.models.users import USER_SCOPE, Principal, authenticate
+from scheduler.models.users import USER_SCOPE, Principal, TokenVerifier
 
 
 def get_factory(request: Request) -> sessionmaker[Session]:
@@ -37,24 +35,13 @@ def _bearer(request: Request) -> str:
     return token.strip()
 
 
-def get_principal(request: Request, factory: Factory) -> Principal:
+def get_principal(request: Request) -> Principal:
     token = _bearer(request)
-    cache: TTLCache[str, Principal] | None = request.app.state.auth_cache
-    principal = cache.get(token) if cache is not None else None
+    tokens: TokenVerifier = request.app.state.tokens
+    principal = tokens.verify(token)
     if principal is None:
-        with transaction(factory) as session:
-            principal = authenticate(session, token)
-        if principal is None:
-            # Unknown tokens are never cached: a forged token cannot evict real ones.
-            raise ApiProblem(401, "invalid or revoked token", headers=_CHALLENGE)
-        if cache is not None:
-            cache[token] = principal
+        raise ApiProblem(401, "invalid or revoked token", headers=_CHALLENGE)
     return principal
-
-
-def make_auth_cache(seconds: float) -> TTLCache[str, Principal] | None:
-    """Verified tokens, so a request costs one transaction, not two (see settings)."""
-    return TTLCache(maxsize=4096, ttl=seconds) if seconds > 0 else None
 
 
 def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:

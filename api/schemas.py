@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from scheduler.orm import Event, Job
+from scheduler.orm import Event, Job, JobLog
 
 
 class JobOut(BaseModel):
@@ -20,7 +20,9 @@ class JobOut(BaseModel):
     state: str
     message: str
     attempts: int
+    failures: int = Field(description="Crashes of its training processes so far.")
     iterations_done: int
+    metrics: dict[str, float] = Field(description="Its last evaluation, e.g. accuracy.")
     spec: dict[str, Any]
     created_at: datetime
     updated_at: datetime
@@ -39,7 +41,9 @@ class JobOut(BaseModel):
             state=job.state,
             message=job.message,
             attempts=job.attempts,
+            failures=job.failures,
             iterations_done=job.iterations_done,
+            metrics=job.metrics or {},
             spec=job.spec,
             created_at=job.created_at,
             updated_at=job.updated_at,
@@ -80,6 +84,29 @@ class EventOut(BaseModel):
 
 class EventPage(BaseModel):
     items: list[EventOut]
+
+
+class LogLine(BaseModel):
+    id: int
+    rank: int
+    level: str
+    message: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, line: JobLog) -> LogLine:
+        return cls(
+            id=line.id,
+            rank=line.rank,
+            level=line.level,
+            message=line.message,
+            created_at=line.created_at,
+        )
+
+
+class LogPage(BaseModel):
+    items: list[LogLine]
+    next_after: int = Field(description="Pass as `after` to get the lines that follow.")
 
 
 class MetricPoint(BaseModel):

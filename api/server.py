@@ -1,4 +1,4 @@
-"""`jigsaw up`: the API and the scheduler loop in one process.
+"""`jigsaw up`: the API, the scheduler loop and the agents' gRPC endpoint in one process.
 
 Start-up, in order:
   1. migrate the database (safe when several processes start at once);
@@ -7,11 +7,13 @@ Start-up, in order:
      while it still authenticates;
   3. take the scheduler leader lock without waiting: if another process leads this
      database, serve the API only;
-  4. as leader, optionally register simulated nodes (virtual GPUs whose agents this
-     process keeps heartbeating) and run the round loop in a daemon thread with the
-     simulated dispatcher;
-  5. serve HTTP with uvicorn in the foreground until SIGINT/SIGTERM, then stop the loop,
-     hand back the simulated nodes' jobs and release the lock.
+  4. as leader, either serve the gRPC endpoint worker agents dial (with a cluster token
+     in `$JIGSAW_HOME/agent-token`, optionally starting local agents with virtual GPUs),
+     or, with `--simulated-nodes`, register simulated nodes that this process
+     heartbeats; then run the round loop in a daemon thread;
+  5. serve HTTP with uvicorn in the foreground until SIGINT/SIGTERM, then unwind in
+     reverse: stop the loop, the local agents, the gRPC endpoint and the report writer,
+     hand back simulated nodes' jobs and release the lock.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import signal
 import socket
 import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
@@ -31,11 +34,28 @@ import uvicorn
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.credentials import Credentials, load_credentials, local_url, save_credentials
+from api.credentials import (
+    Credentials,
+    agent_token_path,
+    load_agent_token,
+    load_credentials,
+    local_url,
+    save_credentials,
+    write_private,
+)
 from scheduler.db import engine_from_settings, session_factory, transaction
+from scheduler.dispatch import Dispatcher
 from scheduler.migrate import upgrade
-from scheduler.models.users import USER_SCOPE, authenticate, get_or_create_user, issue_token
-from scheduler.orm import GPU, Agent, Allocation, Job, Node, utcnow
+from scheduler.models.agents import GpuSlot, register
+from scheduler.models.users import (
+    AGENT_SCOPE,
+    USER_SCOPE,
+    TokenVerifier,
+    authenticate,
+    get_or_create_user,
+    issue_token,
+)
+from scheduler.orm import GPU, Agent, Allocation, Job, utcnow
 from scheduler.settings import Settings
 from scheduler.states import IllegalTransition, JobState, transition
 
@@ -103,6 +123,23 @@ def bootstrap_credentials(factory: sessionmaker[Session], home: Path, url: str) 
         return credentials
 
 
+def bootstrap_agent_token(factory: sessionmaker[Session], home: Path) -> Path:
+    """The cluster token local agents present, kept in `$JIGSAW_HOME/agent-token` (0600).
+
+    Reused while it still authenticates as an agent; otherwise a new one is issued.
+    """
+    with filelock.FileLock(str(home / ".credentials.lock")):
+        stored = load_agent_token(home)
+        if stored is not None:
+            with transaction(factory) as session:
+                principal = authenticate(session, stored)
+            if principal is not None and principal.scope == AGENT_SCOPE:
+                return agent_token_path(home)
+        with transaction(factory) as session:
+            token = issue_token(session, scope=AGENT_SCOPE, description="jigsaw up local agents")
+        return write_private(agent_token_path(home), token + "\n")
+
+
 # -- simulated nodes ------------------------------------------------------------------
 
 
@@ -110,39 +147,21 @@ def register_virtual_nodes(
     factory: sessionmaker[Session], count: int, gpus_per_node: int
 ) -> list[int]:
     """Create (or refresh) nodes `virtual-0..count-1` with alive agents; their agent ids."""
-    now = utcnow()
-    agent_ids = []
+    slots = [
+        GpuSlot(index, VIRTUAL_GPU_KIND, VIRTUAL_GPU_MEMORY, virtual=True)
+        for index in range(gpus_per_node)
+    ]
     with transaction(factory) as session:
-        for i in range(count):
-            name = f"{VIRTUAL_NODE_PREFIX}{i}"
-            node = session.scalar(select(Node).where(Node.name == name))
-            if node is None:
-                node = Node(name=name, address="simulated")
-                session.add(node)
-                session.flush()
-            have = {gpu.index for gpu in session.scalars(select(GPU).where(GPU.node_id == node.id))}
-            session.add_all(
-                GPU(
-                    node_id=node.id,
-                    index=index,
-                    kind=VIRTUAL_GPU_KIND,
-                    memory_bytes=VIRTUAL_GPU_MEMORY,
-                    virtual=True,
-                )
-                for index in range(gpus_per_node)
-                if index not in have
-            )
-            agent = session.scalar(select(Agent).where(Agent.node_id == node.id))
-            if agent is None:
-                agent = Agent(node_id=node.id)
-                session.add(agent)
-            agent.version = VIRTUAL_AGENT_VERSION
-            agent.alive = True
-            agent.registered_at = now
-            agent.last_heartbeat_at = now
-            session.flush()
-            agent_ids.append(agent.id)
-    return agent_ids
+        return [
+            register(
+                session,
+                node_name=f"{VIRTUAL_NODE_PREFIX}{i}",
+                address="simulated",
+                gpus=slots,
+                version=VIRTUAL_AGENT_VERSION,
+            ).agent_id
+            for i in range(count)
+        ]
 
 
 def requeue_virtual_jobs(factory: sessionmaker[Session], reason: str) -> list[int]:
@@ -225,16 +244,17 @@ def serve(
     host: str,
     port: int,
     scheduler: bool = True,
-    virtual_nodes: int = 0,
+    simulated_nodes: int = 0,
     gpus_per_node: int = 4,
     sim_iterations_per_second: float = DEFAULT_SIM_ITERATIONS_PER_SECOND,
+    local_agents: int = 0,
+    gpus_per_agent: int = 2,
     log_level: str = "info",
     access_log: bool = False,
 ) -> None:
     """Run `jigsaw up` in the foreground until SIGINT/SIGTERM (see the module docstring)."""
     # Imported here so the CLI's other commands do not pay for FastAPI and the loop.
     from api.app import create_app
-    from scheduler.dispatch import SimulatedDispatcher
     from scheduler.leader import LeaderLock
     from scheduler.loop import SchedulerService
 
@@ -258,90 +278,160 @@ def serve(
     engine = engine_from_settings(settings)
     factory = session_factory(engine)
     lock = LeaderLock(engine, settings.home) if scheduler else None
-    threads: list[threading.Thread] = []
-    agent_ids: list[int] = []
     try:
-        logger.info("database %s", engine.url.render_as_string(hide_password=True))
-        upgrade(engine)
-        url = local_url(host, port)
-        bootstrap_credentials(factory, settings.home, url)
+        with ExitStack() as stack:
+            # Runs last: the loop and every helper thread see `stop` before anything
+            # they use is torn down.
+            stack.callback(stop.set)
+            logger.info("database %s", engine.url.render_as_string(hide_password=True))
+            upgrade(engine)
+            url = local_url(host, port)
+            bootstrap_credentials(factory, settings.home, url)
 
-        leading = lock is not None and lock.acquire(blocking=False)
-        if lock is not None and not leading:
-            logger.warning(
-                "another scheduler already leads this database (%s); serving the API only",
-                lock.describe(),
-            )
-        if virtual_nodes and not leading:
-            logger.warning("simulated nodes need this process to run the scheduler; skipped")
-        if leading:
-            assert lock is not None
-            logger.info(
-                "scheduler leader (%s), policy %s", lock.describe(), settings.scheduler.policy
-            )
-            if virtual_nodes:
-                requeue_virtual_jobs(factory, "simulated nodes restarted")
-                agent_ids = register_virtual_nodes(factory, virtual_nodes, gpus_per_node)
+            leading = lock is not None and lock.acquire(blocking=False)
+            if lock is not None and not leading:
+                logger.warning(
+                    "another scheduler already leads this database (%s); serving the API only",
+                    lock.describe(),
+                )
+            if (simulated_nodes or local_agents) and not leading:
+                logger.warning("simulated nodes and local agents need the scheduler; skipped")
+            if leading:
+                assert lock is not None
+                stack.callback(lock.release)
                 logger.info(
-                    "%d simulated node(s) with %d virtual GPU(s) each, %.0f iterations/s",
-                    virtual_nodes,
-                    gpus_per_node,
-                    sim_iterations_per_second,
+                    "scheduler leader (%s), policy %s", lock.describe(), settings.scheduler.policy
                 )
-                interval = max(0.2, min(settings.scheduler.agent_timeout_seconds / 3, 5.0))
-                threads.append(
-                    threading.Thread(
-                        target=heartbeat_forever,
-                        args=(factory, agent_ids, interval, stop),
-                        name="jigsaw-sim-heartbeat",
-                        daemon=True,
+                dispatcher: Dispatcher
+                if simulated_nodes:
+                    dispatcher = _simulated_nodes(
+                        stack, factory, settings, stop, simulated_nodes, gpus_per_node,
+                        sim_iterations_per_second,
+                    )  # fmt: skip
+                else:
+                    dispatcher = _agents_endpoint(
+                        stack, factory, settings, stop, local_agents, gpus_per_agent
                     )
+                service = SchedulerService(
+                    factory, dispatcher, settings.scheduler, settings.scheduler.policy
                 )
-            service = SchedulerService(
-                factory,
-                SimulatedDispatcher(iterations_per_second=sim_iterations_per_second),
-                settings.scheduler,
-                settings.scheduler.policy,
-            )
-            threads.append(
-                threading.Thread(
-                    target=service.run_forever,
-                    args=(stop,),
-                    name="jigsaw-scheduler",
-                    daemon=True,
-                )
-            )
-        for thread in threads:
-            thread.start()
+                _background(stack, stop, "jigsaw-scheduler", service.run_forever, stop)
 
-        config = uvicorn.Config(
-            create_app(settings),
-            host=host,
-            port=port,
-            log_config=None,
-            log_level=log_level,
-            access_log=access_log,
-            lifespan="on",
-        )
-        server = uvicorn.Server(config)
-        if not stop.is_set():
-            logger.info("API on %s (docs at %s/docs)", url, url)
-            server.run()
+            config = uvicorn.Config(
+                create_app(settings),
+                host=host,
+                port=port,
+                log_config=None,
+                log_level=log_level,
+                access_log=access_log,
+                lifespan="on",
+            )
+            server = uvicorn.Server(config)
+            if not stop.is_set():
+                logger.info("API on %s (docs at %s/docs)", url, url)
+                server.run()
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=_THREAD_JOIN_SECONDS)
-            if thread.is_alive():
-                logger.warning("thread %s did not stop in time", thread.name)
-        if agent_ids:
-            try:
-                requeue_virtual_jobs(factory, "simulated nodes shut down")
-                mark_agents_dead(factory, agent_ids)
-            except Exception:
-                logger.exception("could not hand back the simulated nodes' jobs")
-        if lock is not None:
-            lock.release()
         engine.dispose()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         logger.info("stopped")
+
+
+def _background(
+    stack: ExitStack, stop: threading.Event, name: str, target: Any, *args: Any
+) -> None:
+    """A daemon thread that `stack` joins (after `stop` is set) when it unwinds."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+
+    def join() -> None:
+        stop.set()
+        thread.join(timeout=_THREAD_JOIN_SECONDS)
+        if thread.is_alive():
+            logger.warning("thread %s did not stop in time", name)
+
+    stack.callback(join)
+
+
+def _simulated_nodes(
+    stack: ExitStack,
+    factory: sessionmaker[Session],
+    settings: Settings,
+    stop: threading.Event,
+    count: int,
+    gpus_per_node: int,
+    iterations_per_second: float,
+) -> Dispatcher:
+    from scheduler.dispatch import SimulatedDispatcher
+
+    requeue_virtual_jobs(factory, "simulated nodes restarted")
+    agent_ids = register_virtual_nodes(factory, count, gpus_per_node)
+
+    def hand_back() -> None:
+        try:
+            requeue_virtual_jobs(factory, "simulated nodes shut down")
+            mark_agents_dead(factory, agent_ids)
+        except Exception:
+            logger.exception("could not hand back the simulated nodes' jobs")
+
+    stack.callback(hand_back)
+    logger.info(
+        "%d simulated node(s) with %d virtual GPU(s) each, %.0f iterations/s",
+        count,
+        gpus_per_node,
+        iterations_per_second,
+    )
+    interval = max(0.2, min(settings.scheduler.agent_timeout_seconds / 3, 5.0))
+    _background(
+        stack, stop, "jigsaw-sim-heartbeat", heartbeat_forever, factory, agent_ids, interval, stop
+    )
+    return SimulatedDispatcher(iterations_per_second=iterations_per_second)
+
+
+def _agents_endpoint(
+    stack: ExitStack,
+    factory: sessionmaker[Session],
+    settings: Settings,
+    stop: threading.Event,
+    local_agents: int,
+    gpus_per_agent: int,
+) -> Dispatcher:
+    """The gRPC endpoint real agents dial, its dispatcher, and optionally local agents."""
+    from api.local_agents import LocalAgents
+    from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
+    from scheduler.agents.ingest import ReportWriter
+    from scheduler.agents.server import start_server
+    from scheduler.agents.service import AgentService
+
+    writer = ReportWriter(factory)
+    writer.start()
+    stack.callback(writer.close)
+    dispatcher = AgentDispatcher(
+        factory,
+        checkpoint_root=settings.checkpoint_dir,
+        checkpoint_every=settings.scheduler.checkpoint_every,
+        ports=RendezvousPorts(settings.grpc.rendezvous_port_min, settings.grpc.rendezvous_port_max),
+    )
+    interval = max(0.2, min(settings.scheduler.agent_timeout_seconds / 3, 5.0))
+    service = AgentService(factory, dispatcher, writer, interval)
+    tokens = TokenVerifier(factory, settings.api.auth_cache_seconds)
+    grpc_server, grpc_port = start_server(service, tokens, settings.grpc)
+    # Streams end first (grace), so agents see a clean close and redial later.
+    stack.callback(lambda: grpc_server.stop(grace=2).wait())
+    token_file = bootstrap_agent_token(factory, settings.home)
+    logger.info("cluster token for agents in %s", token_file)
+    if local_agents:
+        agents = LocalAgents(
+            settings.home,
+            scheduler=f"{_dial_host(settings.grpc.host)}:{grpc_port}",
+            token_file=token_file,
+            count=local_agents,
+            gpus_per_agent=gpus_per_agent,
+        )
+        agents.start()
+        stack.callback(agents.stop)
+    return dispatcher
+
+
+def _dial_host(bind_host: str) -> str:
+    return "127.0.0.1" if bind_host in {"", "0.0.0.0", "::", "[::]"} else bind_host

@@ -1,13 +1,15 @@
-"""How the scheduler loop commands workers, and the simulated workers used until agents land.
+"""How the scheduler loop commands workers: the `Dispatcher` interface and simulated workers.
 
 The loop only speaks this interface: it launches, stops and suspends jobs, and each round
-polls for `Report`s, the same shape the gRPC worker agents will send.
+polls for `Report`s. `scheduler.agents.dispatcher` implements it over gRPC worker agents;
+`SimulatedDispatcher` pretends, for `jigsaw up --simulate` and the loop's unit tests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 
@@ -32,28 +34,50 @@ class Launch:
     lease_iterations: int
 
 
+class RunOutcome(StrEnum):
+    """What a report says of a job's run on the workers."""
+
+    RUNNING = "running"  # progress only
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # a training process crashed or could not start
+    SUSPENDED = "suspended"  # checkpointed and exited, as asked
+    STOPPED = "stopped"  # exited as asked, without a checkpoint
+
+
 @dataclass(frozen=True)
 class Report:
-    """A job's progress, or its end when `finished` (success) or `failed` is set."""
+    """A job's progress, or the end of its processes when `outcome` is not RUNNING."""
 
     job_id: int
     iterations_done: int
-    finished: bool = False
-    failed: bool = False
+    outcome: RunOutcome = RunOutcome.RUNNING
     message: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Dispatcher(Protocol):
     def launch(self, launch: Launch) -> bool:
-        """Start the job's workers; True when the workers acknowledged the start."""
+        """Start (or resume) the job's workers; True when every node took the command."""
         ...
 
-    def stop(self, job_id: int) -> None: ...
+    def stop(self, job_id: int, node: str | None = None) -> None:
+        """End the job's processes without a checkpoint, on every node or on `node`."""
+        ...
 
-    def suspend(self, job_id: int) -> None: ...
+    def suspend(self, job_id: int) -> None:
+        """Checkpoint at the next iteration boundary, then end the job's processes."""
+        ...
 
     def poll(self, now: datetime) -> list[Report]:
         """Reports received since the previous poll."""
+        ...
+
+    def active(self) -> dict[int, frozenset[str]]:
+        """Jobs whose processes are (believed) alive, with the nodes they run on."""
+        ...
+
+    def connected(self) -> frozenset[str]:
+        """Nodes whose `active()` entries are first-hand: their agents are connected now."""
         ...
 
 
@@ -68,6 +92,7 @@ class _SimulatedRun:
     target: int
     iterations: float
     since: datetime | None  # None until the first poll gives the run a clock
+    nodes: frozenset[str]
 
 
 @dataclass
@@ -88,10 +113,16 @@ class SimulatedDispatcher:
         self.commands.append(Command("launch", launch.job_id))
         target = launch.spec.get("max_iterations") or self.default_iterations
         # The loop launches right after polling, so the last poll time is the start time.
-        self._runs[launch.job_id] = _SimulatedRun(target, launch.start_iteration, self._clock)
+        self._runs[launch.job_id] = _SimulatedRun(
+            target,
+            launch.start_iteration,
+            self._clock,
+            frozenset(worker.node_name for worker in launch.workers),
+        )
         return True
 
-    def stop(self, job_id: int) -> None:
+    def stop(self, job_id: int, node: str | None = None) -> None:
+        # Simulated gangs live and die whole.
         self.commands.append(Command("stop", job_id))
         self._runs.pop(job_id, None)
 
@@ -110,10 +141,15 @@ class SimulatedDispatcher:
                 )
             run.since = now
             finished = run.iterations >= run.target
-            reports.append(Report(job_id, int(run.iterations), finished=finished))
+            outcome = RunOutcome.SUCCEEDED if finished else RunOutcome.RUNNING
+            reports.append(Report(job_id, int(run.iterations), outcome))
             if finished:
                 del self._runs[job_id]
         return reports
 
-    def running(self) -> frozenset[int]:
-        return frozenset(self._runs)
+    def active(self) -> dict[int, frozenset[str]]:
+        return {job_id: run.nodes for job_id, run in self._runs.items()}
+
+    def connected(self) -> frozenset[str]:
+        # Simulated runs live in this process: `jigsaw up` requeues them at start-up.
+        return frozenset()

@@ -3,7 +3,8 @@
 Each round, in short transactions so the API is never blocked for long:
   1. ingest the dispatcher's reports (progress, jobs that ended);
   2. expire agents that stopped heartbeating: their jobs lose their GPUs and requeue;
-  3. release the GPUs of jobs that ended otherwise (cancelled through the API);
+  3. release the GPUs of jobs that ended otherwise (cancelled or suspended through the
+     API), and stop or suspend processes the database no longer wants running;
   4. snapshot the cluster, ask the policy for a plan, apply it and dispatch.
 
 The API changes job states concurrently, so every transition here may lose a race
@@ -23,8 +24,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.db import transaction
-from scheduler.dispatch import Dispatcher, Launch, Report, Worker
-from scheduler.orm import GPU, Agent, Allocation, Event, Job, utcnow
+from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
+from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
 from scheduler.plan import Placement, Plan
 from scheduler.policies import get_policy
 from scheduler.settings import SchedulerSettings
@@ -38,6 +39,12 @@ ACTOR = "scheduler"
 # Jobs that lose their GPUs when an agent dies go back to the queue; a suspended job
 # keeps its state and is simply placed afresh when resumed.
 _REQUEUE_FROM = (JobState.SCHEDULED, JobState.RUNNING)
+# States whose jobs should have processes on the nodes they are allocated.
+_PLACED = (JobState.SCHEDULED, JobState.RUNNING)
+# States whose jobs hold no GPUs: ended, or suspended (placed afresh on resume).
+_RELEASED = (*TERMINAL, JobState.SUSPENDED)
+# A job's message holds the end of an error, not a whole log.
+_MESSAGE_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class RoundResult:
     reports: int = 0  # reports ingested
     finished: int = 0  # jobs that succeeded or failed
     agents_lost: int = 0
-    requeued: int = 0  # jobs sent back to the queue by a lost agent
+    requeued: int = 0  # jobs sent back to the queue: agent lost, or their processes gone
     released: int = 0  # ended jobs (e.g. cancelled) whose GPUs were freed
     started: int = 0  # placements launched and running
     suspended: int = 0
@@ -88,6 +95,7 @@ class SchedulerService:
         finished = self._ingest(reports, now)
         agents_lost, requeued = self._expire_agents(now)
         released = self._release_ended(now)
+        requeued += self._reconcile(now)
         with transaction(self._factory) as session:
             snapshot = build_snapshot(session, now)
         plan = self._policy(snapshot)
@@ -121,17 +129,37 @@ class SchedulerService:
             }
             for report in reports:
                 job = jobs.get(report.job_id)
-                # Reports of jobs no longer running (cancelled, requeued) are stale.
+                # Reports of jobs no longer running (cancelled, requeued) are stale; so are
+                # the exits of processes the scheduler itself suspended or stopped.
                 if job is None or job.state != JobState.RUNNING:
                     continue
                 job.iterations_done = max(job.iterations_done, report.iterations_done)
-                if not (report.finished or report.failed):
-                    continue
-                target = JobState.FAILED if report.failed else JobState.SUCCEEDED
-                if self._transition(session, job, target, report.message or "finished"):
+                if report.metrics:
+                    job.metrics = dict(report.metrics)
+                if self._end(session, job, report):
                     ended.append(job.id)
             _release(session, ended, now)
+        # A gang whose ranks on one node crashed must not wait on them forever elsewhere.
+        self._command(self._dispatcher.stop, ended)
         return len(ended)
+
+    def _end(self, session: Session, job: Job, report: Report) -> bool:
+        """Apply a run's end to a RUNNING job; True when the job left RUNNING."""
+        if report.outcome is RunOutcome.SUCCEEDED:
+            return self._transition(session, job, JobState.SUCCEEDED, report.message or "finished")
+        if report.outcome is RunOutcome.FAILED:
+            limit = int(job.spec.get("max_retries", 0))
+            if job.failures < limit:
+                job.failures += 1
+                why = f"retry {job.failures} of {limit} after a crash: {report.message}"
+                return self._transition(session, job, JobState.QUEUED, _clip(why))
+            return self._transition(session, job, JobState.FAILED, _clip(report.message))
+        if report.outcome in (RunOutcome.SUSPENDED, RunOutcome.STOPPED):
+            # Nobody asked a RUNNING job to end: its processes went away on their own.
+            return self._transition(
+                session, job, JobState.QUEUED, f"processes ended unasked ({report.outcome})"
+            )
+        return False
 
     # -- 2. liveness ----------------------------------------------------------------
 
@@ -180,22 +208,83 @@ class SchedulerService:
         self._command(self._dispatcher.stop, [job.id for job in jobs])
         return len(lost), len(requeued)
 
-    # -- 3. ended jobs --------------------------------------------------------------
+    # -- 3. ended jobs and stray processes -------------------------------------------
 
     def _release_ended(self, now: datetime) -> int:
+        """Free the GPUs of jobs that ended or were suspended outside the loop (the API)."""
         with transaction(self._factory) as session:
             ended = session.scalars(
                 select(Allocation.job_id)
                 .join(Job, Job.id == Allocation.job_id)
                 .where(
                     Allocation.released_at.is_(None),
-                    Job.state.in_([state.value for state in TERMINAL]),
+                    Job.state.in_([state.value for state in _RELEASED]),
                 )
                 .distinct()
             ).all()
             _release(session, ended, now)
-        self._command(self._dispatcher.stop, ended)
         return len(ended)
+
+    def _reconcile(self, now: datetime) -> int:
+        """Bring the processes the dispatcher knows of in line with the database.
+
+        Processes of a job run where it is allocated while it is SCHEDULED or RUNNING;
+        a SUSPENDED job's processes checkpoint and exit; anything else is stray (the job
+        ended, was requeued, or its agent came back after being declared dead while the
+        job moved elsewhere) and is stopped. Dispatchers send each command once.
+        Conversely, a RUNNING job allocated on a connected node that runs none of its
+        processes lost them (the agent restarted): it goes back to the queue.
+        Returns how many jobs were requeued that way.
+        """
+        active = self._dispatcher.active()
+        connected = self._dispatcher.connected()
+        with transaction(self._factory) as session:
+            placed: dict[int, set[str]] = {}
+            for job_id, node_name in session.execute(
+                select(Allocation.job_id, Node.name)
+                .join(GPU, GPU.id == Allocation.gpu_id)
+                .join(Node, Node.id == GPU.node_id)
+                .where(
+                    Allocation.released_at.is_(None),
+                    Allocation.job_id.in_(active) | Node.name.in_(connected),
+                )
+            ):
+                placed.setdefault(job_id, set()).add(node_name)
+            states = dict(
+                session.execute(
+                    select(Job.id, Job.state).where(Job.id.in_(set(active) | set(placed)))
+                ).all()
+            )
+            orphans = [
+                job_id
+                for job_id, nodes in placed.items()
+                if states.get(job_id) == JobState.RUNNING
+                and any(node in connected and node not in active.get(job_id, ()) for node in nodes)
+            ]
+            lost = [
+                job_id
+                for job_id in orphans
+                if self._transition(
+                    session,
+                    session.get_one(Job, job_id),
+                    JobState.QUEUED,
+                    "its processes are gone (agent restarted)",
+                )
+            ]
+            _release(session, lost, now)
+        self._command(self._dispatcher.stop, lost)
+        for job_id, nodes in active.items():
+            job_state = states.get(job_id)
+            if job_state == JobState.SUSPENDED:
+                self._command(self._dispatcher.suspend, [job_id])
+                continue
+            for node in nodes:
+                if job_state not in _PLACED or node not in placed.get(job_id, ()):
+                    try:
+                        self._dispatcher.stop(job_id, node)
+                    except Exception:
+                        logger.exception("stopping stray job %d on %s failed", job_id, node)
+        return len(lost)
 
     # -- 4. the plan ----------------------------------------------------------------
 
@@ -256,6 +345,7 @@ class SchedulerService:
             if job is None:  # deleted meanwhile; its allocations went with it
                 return False
             if acknowledged:
+                job.attempts += 1
                 return self._transition(session, job, JobState.RUNNING, "launched")
             if self._transition(session, job, JobState.QUEUED, "launch refused"):
                 _release(session, [job.id], now)
@@ -322,6 +412,11 @@ class SchedulerService:
                 # The decision is committed and must stand; the log names the job whose
                 # workers may still be running, and their stale reports are ignored.
                 logger.exception("dispatching %s for job %d failed", command.__name__, job_id)
+
+
+def _clip(message: str) -> str:
+    """The end of a long message: a traceback's last lines say what went wrong."""
+    return message if len(message) <= _MESSAGE_CHARS else "..." + message[-_MESSAGE_CHARS:]
 
 
 def _release(session: Session, job_ids: Iterable[int], now: datetime) -> None:

@@ -145,6 +145,10 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text, default="")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Crashes of its training processes so far; retried while below spec.max_retries.
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The last evaluation rank 0 reported, e.g. {"accuracy": 0.97, "loss": 0.1}.
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
     iterations_done: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -192,6 +196,20 @@ class IterationMetric(Base):
     utilization: Mapped[float | None] = mapped_column(Float, default=None)
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     bytes_communicated: Mapped[int | None] = mapped_column(BigInteger, default=None)
+
+
+class JobLog(Base):
+    """A line a job's training process wrote (stdout/stderr), as its agent forwarded it."""
+
+    __tablename__ = "job_logs"
+    __table_args__ = (Index("ix_job_logs_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    level: Mapped[str] = mapped_column(String(16), default="INFO")
+    message: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class ModelProfile(Base):

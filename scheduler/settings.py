@@ -100,6 +100,12 @@ class SchedulerSettings(BaseSettings):
         gt=0,
         description="An agent silent for this long is considered dead and loses its GPUs.",
     )
+    checkpoint_every: int = Field(
+        default=50,
+        ge=0,
+        description="Iterations between a job's periodic checkpoints (0: only on suspend "
+        "and success); a job whose node dies resumes from its last one.",
+    )
 
 
 class GrpcSettings(BaseSettings):

@@ -1,6 +1,8 @@
 """The job state machine: the only place a job's state changes.
 
     QUEUED -> SCHEDULED -> RUNNING <-> SUSPENDED -> SUCCEEDED | FAILED | CANCELLED
+    (and back to QUEUED when a launch fails, an agent dies, a crash is retried or a
+    suspended job is resumed)
 
 Every accepted transition is a compare-and-set UPDATE (`WHERE state = <expected>`), so
 two processes racing on one job (the API cancelling while the scheduler places it) can
@@ -40,6 +42,7 @@ TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 # RUNNING -> QUEUED: the job's agent died; it resumes from its checkpoint elsewhere.
 # SUSPENDED -> SCHEDULED: resumed on newly chosen GPUs (possibly another node).
 # SUSPENDED -> RUNNING: resumed on GPUs it was already leased.
+# SUSPENDED -> QUEUED: a user resumed it; it waits for a placement like a new job.
 ALLOWED: dict[JobState, frozenset[JobState]] = {
     JobState.QUEUED: frozenset({JobState.SCHEDULED, JobState.CANCELLED}),
     JobState.SCHEDULED: frozenset(
@@ -55,7 +58,13 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
         }
     ),
     JobState.SUSPENDED: frozenset(
-        {JobState.SCHEDULED, JobState.RUNNING, JobState.FAILED, JobState.CANCELLED}
+        {
+            JobState.SCHEDULED,
+            JobState.RUNNING,
+            JobState.QUEUED,
+            JobState.FAILED,
+            JobState.CANCELLED,
+        }
     ),
     JobState.SUCCEEDED: frozenset(),
     JobState.FAILED: frozenset(),

@@ -70,7 +70,9 @@ def write_spec(path: Path, **overrides: Any) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("jigsaw-home")
-    with jigsaw_up(home, "--virtual-nodes", "2", "--gpus-per-node", "4", "--sim-speed", "200") as s:
+    with jigsaw_up(
+        home, "--simulated-nodes", "2", "--gpus-per-node", "4", "--sim-speed", "200"
+    ) as s:
         yield s
 
 

@@ -44,7 +44,7 @@ def test_two_apis_one_scheduler_no_lost_or_duplicated_job(
     cancel_answers: dict[int, int] = {}  # job id -> HTTP status of its cancel
     failures: list[str] = []
     with (
-        jigsaw_up(home, "--virtual-nodes", "4", "--gpus-per-node", "8", "--sim-speed", "400",
+        jigsaw_up(home, "--simulated-nodes", "4", "--gpus-per-node", "8", "--sim-speed", "400",
                   **env) as leader,
         jigsaw_up(home, "--no-scheduler", **env) as api_a,
         jigsaw_up(home, "--no-scheduler", **env) as api_b,

@@ -165,7 +165,7 @@ def test_cancelled_job_is_released_and_stopped(factory: sessionmaker[Session]) -
     assert result.released == 1
     assert held_gpus(factory, job_id) == []
     assert dispatcher.commands[-1] == Command("stop", job_id)
-    assert job_id not in dispatcher.running()
+    assert job_id not in dispatcher.active()
     assert state(factory, job_id) is JobState.CANCELLED
 
 

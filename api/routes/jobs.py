@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, list, get, cancel, events, metrics."""
+"""/v1/jobs: submit, list, get, cancel, suspend, resume, events, logs, metrics."""
 
 from __future__ import annotations
 
@@ -9,7 +9,16 @@ from sqlalchemy.orm import Session
 
 from api.deps import Factory, User
 from api.errors import ApiProblem
-from api.schemas import EventOut, EventPage, JobOut, JobPage, MetricPoint, MetricSeries
+from api.schemas import (
+    EventOut,
+    EventPage,
+    JobOut,
+    JobPage,
+    LogLine,
+    LogPage,
+    MetricPoint,
+    MetricSeries,
+)
 from scheduler.db import transaction
 from scheduler.jobspec import JobSpec
 from scheduler.models import jobs as job_models
@@ -88,6 +97,41 @@ def cancel_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
     with transaction(factory) as session:
         job = job_models.cancel(session, _owned(session, job_id, user), user)
         return JobOut.of(job, job.owner.name)
+
+
+@router.post("/{job_id}/suspend")
+def suspend_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
+    """Checkpoint a RUNNING job at its next iteration boundary and free its GPUs (409 if
+    it is not running)."""
+    with transaction(factory) as session:
+        job = job_models.suspend(session, _owned(session, job_id, user), user)
+        return JobOut.of(job, job.owner.name)
+
+
+@router.post("/{job_id}/resume")
+def resume_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
+    """Queue a SUSPENDED job again; it continues from its checkpoint, on whatever GPUs
+    the scheduler picks (409 if it is not suspended)."""
+    with transaction(factory) as session:
+        job = job_models.resume(session, _owned(session, job_id, user), user)
+        return JobOut.of(job, job.owner.name)
+
+
+@router.get("/{job_id}/logs")
+def job_logs(
+    job_id: JobId,
+    user: User,
+    factory: Factory,
+    after: Annotated[int, Query(ge=0, le=2**63 - 1, description="Lines after this id.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> LogPage:
+    """What the job's training processes printed, oldest first; page (or follow) with
+    `after=next_after`."""
+    with transaction(factory) as session:
+        _owned(session, job_id, user)
+        lines = job_models.logs(session, job_id, after_id=after, limit=limit)
+        items = [LogLine.of(line) for line in lines]
+    return LogPage(items=items, next_after=items[-1].id if items else after)
 
 
 @router.get("/{job_id}/events")

@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.jobspec import JobSpec
 from scheduler.models.users import Principal
-from scheduler.orm import Event, Job, User
+from scheduler.orm import Event, Job, JobLog, User
 from scheduler.states import JobState, transition
 
 
@@ -86,6 +86,29 @@ def cancel(session: Session, job: Job, actor: Principal) -> Job:
     The scheduler releases the job's GPUs and stops its workers on its next round.
     """
     return transition(session, job, JobState.CANCELLED, actor=actor.user_name, message="cancelled")
+
+
+def suspend(session: Session, job: Job, actor: Principal) -> Job:
+    """Suspend a RUNNING job: on its next round the scheduler has its workers checkpoint
+    at the next iteration boundary and frees its GPUs."""
+    return transition(session, job, JobState.SUSPENDED, actor=actor.user_name, message="suspended")
+
+
+def resume(session: Session, job: Job, actor: Principal) -> Job:
+    """Queue a SUSPENDED job again; it continues from its checkpoint wherever it lands."""
+    return transition(session, job, JobState.QUEUED, actor=actor.user_name, message="resumed")
+
+
+def logs(session: Session, job_id: int, *, after_id: int = 0, limit: int = 1000) -> list[JobLog]:
+    """Log lines of the job with ids above `after_id`, oldest first."""
+    return list(
+        session.scalars(
+            select(JobLog)
+            .where(JobLog.job_id == job_id, JobLog.id > after_id)
+            .order_by(JobLog.id)
+            .limit(limit)
+        )
+    )
 
 
 def count_by_state(session: Session) -> dict[JobState, int]:

@@ -6,9 +6,11 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
+from cachetools import TTLCache
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler.db import transaction
 from scheduler.orm import ApiToken, User
 
 USER_SCOPE = "user"
@@ -79,3 +81,26 @@ def authenticate(session: Session, token: str) -> Principal | None:
         return Principal(scope=AGENT_SCOPE, user_id=None, user_name="agent", is_admin=False)
     assert user is not None  # user-scope tokens always reference a user (issue_token)
     return Principal(scope=USER_SCOPE, user_id=user.id, user_name=user.name, is_admin=user.is_admin)
+
+
+class TokenVerifier:
+    """Bearer tokens verified against the database, the good ones cached for `seconds`.
+
+    A request then costs one transaction, not two; a revoked token stops working within
+    `seconds`. Unknown tokens are never cached, so a forged token cannot evict real ones.
+    """
+
+    def __init__(self, factory: sessionmaker[Session], seconds: float) -> None:
+        self._factory = factory
+        self._cache: TTLCache[str, Principal] | None = (
+            TTLCache(maxsize=4096, ttl=seconds) if seconds > 0 else None
+        )
+
+    def verify(self, token: str) -> Principal | None:
+        principal = self._cache.get(token) if self._cache is not None else None
+        if principal is None:
+            with transaction(self._factory) as session:
+                principal = authenticate(session, token)
+            if principal is not None and self._cache is not None:
+                self._cache[token] = principal
+        return principal

@@ -1,0 +1,234 @@
+"""`AgentService`: the gRPC endpoint worker agents dial (see agent.proto).
+
+Every message is validated before it touches state: a malformed Register or Connect is
+rejected with INVALID_ARGUMENT (or FAILED_PRECONDITION for a node that never
+registered) and a clear message, and writes nothing. Reports about jobs the agent was
+not given are dropped and counted, never written.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+from prometheus_client import Counter
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler.agents.dispatcher import AgentDispatcher, AgentSession
+from scheduler.agents.ingest import ReportWriter
+from scheduler.db import transaction
+from scheduler.models.agents import GpuSlot, register
+from scheduler.orm import Agent, Node
+from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
+from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+# Kubernetes node names are DNS subdomains; the same rule keeps names safe everywhere.
+_NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", re.IGNORECASE)
+_MAX_GPUS = 1024
+_MAX_TEXT = 64 * 1024
+
+DROPPED = Counter(
+    "jigsaw_agent_messages_dropped_total",
+    "Agent messages dropped: about jobs the agent was not given, or malformed.",
+    ["kind"],
+)
+
+
+class InvalidMessage(ValueError):
+    """An agent message that breaks the protocol; its text is what the agent is told."""
+
+
+def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
+    if not _NODE_NAME.match(request.node_name):
+        raise InvalidMessage(
+            f"node_name {request.node_name!r} is not a DNS name (letters, digits, '-', '.')"
+        )
+    if len(request.gpus) > _MAX_GPUS:
+        raise InvalidMessage(f"{len(request.gpus)} GPUs is more than {_MAX_GPUS}")
+    if len(request.address) > 255 or len(request.agent_version) > 64:
+        raise InvalidMessage("address or agent_version is too long")
+    indexes = [gpu.index for gpu in request.gpus]
+    if len(set(indexes)) != len(indexes) or any(index < 0 for index in indexes):
+        raise InvalidMessage(f"GPU indexes must be unique and non-negative, got {indexes}")
+    for gpu in request.gpus:
+        if gpu.memory_bytes < 0 or not gpu.kind or len(gpu.kind) > 64:
+            raise InvalidMessage(f"GPU {gpu.index}: kind must be 1-64 chars, memory >= 0")
+    return [GpuSlot(gpu.index, gpu.kind, gpu.memory_bytes, gpu.virtual) for gpu in request.gpus]
+
+
+def metric_rows(records: Any) -> list[dict[str, Any]]:
+    rows = []
+    for record in records:
+        values = (
+            record.step_seconds,
+            record.compute_seconds,
+            record.comm_seconds,
+            record.samples_per_second,
+        )
+        if record.iteration < 1 or not all(math.isfinite(v) and v >= 0 for v in values):
+            raise InvalidMessage(f"iteration record {record.iteration} has invalid values")
+        rows.append(
+            {
+                "iteration": record.iteration,
+                "step_seconds": record.step_seconds,
+                "compute_seconds": record.compute_seconds,
+                "comm_seconds": record.comm_seconds,
+                "samples_per_second": record.samples_per_second,
+                # A diverged loss is a fact worth keeping; JSON and SQL want None for it.
+                "loss": record.loss if math.isfinite(record.loss) else None,
+                "utilization": record.utilization if record.HasField("utilization") else None,
+                "peak_memory_bytes": record.peak_memory_bytes,
+                "bytes_communicated": record.bytes_communicated,
+            }
+        )
+    return rows
+
+
+class AgentService(agent_pb2_grpc.AgentServiceServicer):
+    def __init__(
+        self,
+        factory: sessionmaker[Session],
+        dispatcher: AgentDispatcher,
+        writer: ReportWriter,
+        heartbeat_interval_seconds: float,
+    ) -> None:
+        self._factory = factory
+        self._dispatcher = dispatcher
+        self._writer = writer
+        self._heartbeat_interval = heartbeat_interval_seconds
+
+    def Register(  # noqa: N802 (the generated servicer's name)
+        self, request: pb.RegisterRequest, context: grpc.ServicerContext
+    ) -> pb.RegisterResponse:
+        try:
+            slots = gpu_slots(request)
+        except InvalidMessage as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        with transaction(self._factory) as session:
+            registration = register(
+                session,
+                node_name=request.node_name,
+                address=request.address or context.peer(),
+                gpus=slots,
+                version=request.agent_version,
+            )
+        logger.info(
+            "agent %s registered %d GPU(s), version %s",
+            request.node_name,
+            len(slots),
+            request.agent_version,
+        )
+        return pb.RegisterResponse(
+            agent_id=registration.agent_id,
+            node_id=registration.node_id,
+            heartbeat_interval_seconds=self._heartbeat_interval,
+        )
+
+    def Connect(  # noqa: N802
+        self, request_iterator: Iterator[pb.AgentMessage], context: grpc.ServicerContext
+    ) -> Iterator[pb.SchedulerMessage]:
+        first = next(request_iterator, None)
+        if first is None or first.WhichOneof("body") != "hello":
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first message of Connect must be a hello"
+            )
+            return
+        hello = first.hello
+        with transaction(self._factory) as session:
+            row = session.execute(
+                select(Node.id, Agent.id)
+                .join(Agent, Agent.node_id == Node.id)
+                .where(Node.name == hello.node_name)
+            ).first()
+        if row is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"node {hello.node_name!r} is not registered: call Register first",
+            )
+            return
+        node_id, agent_id = row
+        running = {job.job_id: list(job.ranks) for job in hello.running}
+        session_ = self._dispatcher.open_session(hello.node_name, node_id, agent_id, running)
+        self._writer.heartbeat(agent_id)
+        logger.info("agent %s connected, running jobs %s", hello.node_name, sorted(running))
+        failure: list[InvalidMessage] = []
+        reader = threading.Thread(
+            target=self._read,
+            args=(request_iterator, session_, failure),
+            name=f"jigsaw-agent-{hello.node_name}",
+            daemon=True,
+        )
+        reader.start()
+        try:
+            while True:
+                message = session_.outbox.get()
+                if message is None:
+                    break
+                yield message
+        finally:
+            self._dispatcher.close_session(session_)
+            logger.info("agent %s disconnected", hello.node_name)
+        if failure:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure[0]))
+
+    def _read(
+        self,
+        messages: Iterator[pb.AgentMessage],
+        session: AgentSession,
+        failure: list[InvalidMessage],
+    ) -> None:
+        try:
+            for message in messages:
+                if session.closed.is_set():
+                    return
+                self._handle(session, message)
+        except InvalidMessage as exc:
+            logger.warning("agent %s broke the protocol: %s", session.node_name, exc)
+            failure.append(exc)
+        except grpc.RpcError:
+            pass  # the agent went away; the stream's end says so
+        except Exception:
+            logger.exception("agent %s: handling a message failed", session.node_name)
+        finally:
+            session.close()
+
+    def _handle(self, session: AgentSession, message: pb.AgentMessage) -> None:
+        kind = message.WhichOneof("body")
+        self._writer.heartbeat(session.agent_id)
+        if kind == "heartbeat":
+            return
+        if kind == "reports":
+            for job in message.reports.jobs:
+                if self._dispatcher.runs_on(session.node_name, job.job_id):
+                    self._writer.metrics(job.job_id, metric_rows(job.records))
+                else:
+                    DROPPED.labels("reports").inc()
+        elif kind == "exit":
+            if self._dispatcher.runs_on(session.node_name, message.exit.job_id):
+                self._dispatcher.job_exited(session.node_name, message.exit)
+            else:
+                DROPPED.labels("exit").inc()
+        elif kind == "log":
+            log = message.log
+            if self._dispatcher.runs_on(session.node_name, log.job_id):
+                self._writer.log(log.job_id, log.rank, log.level[:16], log.message[:_MAX_TEXT])
+            else:
+                DROPPED.labels("log").inc()
+        elif kind == "evaluation":
+            evaluation = message.evaluation
+            if self._dispatcher.runs_on(session.node_name, evaluation.job_id):
+                self._writer.evaluation(evaluation.job_id, dict(evaluation.metrics))
+            else:
+                DROPPED.labels("evaluation").inc()
+        elif kind == "hello":
+            raise InvalidMessage("hello is only the first message of a stream")
+        else:
+            raise InvalidMessage("empty agent message")

@@ -1,0 +1,358 @@
+"""The agents' gRPC endpoint over real gRPC on loopback, on both databases.
+
+The client side here is a raw stub speaking agent.proto, so that it can also send what
+a correct agent never would: no token, a user token, malformed registrations, a stream
+that does not start with hello, reports about jobs it was never given.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import grpc
+import pytest
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
+from scheduler.agents.ingest import ReportWriter
+from scheduler.agents.server import start_server
+from scheduler.agents.service import AgentService
+from scheduler.db import session_factory, transaction
+from scheduler.dispatch import Launch, Report, RunOutcome, Worker
+from scheduler.jobspec import JobSpec
+from scheduler.models.jobs import submit
+from scheduler.models.users import (
+    AGENT_SCOPE,
+    USER_SCOPE,
+    Principal,
+    TokenVerifier,
+    get_or_create_user,
+    issue_token,
+)
+from scheduler.orm import GPU, IterationMetric, Job, JobLog, Node
+from scheduler.settings import GrpcSettings
+from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
+from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
+
+NOW = datetime.now(UTC)
+
+
+@dataclass
+class Endpoint:
+    factory: sessionmaker[Session]
+    dispatcher: AgentDispatcher
+    writer: ReportWriter
+    stub: agent_pb2_grpc.AgentServiceStub
+    agent_token: str
+    user_token: str
+
+    def auth(self, token: str | None = None) -> list[tuple[str, str]]:
+        return [("authorization", f"Bearer {token or self.agent_token}")]
+
+    def count(self, model: type) -> int:
+        with self.factory() as session:
+            return int(session.scalar(select(func.count()).select_from(model)) or 0)
+
+
+@pytest.fixture
+def endpoint(engine: Engine, tmp_path: Path) -> Iterator[Endpoint]:
+    factory = session_factory(engine)
+    with transaction(factory) as session:
+        agent_token = issue_token(session, scope=AGENT_SCOPE)
+        user = get_or_create_user(session, "alice")
+        user_token = issue_token(session, scope=USER_SCOPE, user=user)
+    writer = ReportWriter(factory, max_delay_seconds=0.01)
+    writer.start()
+    dispatcher = AgentDispatcher(
+        factory,
+        checkpoint_root=tmp_path,
+        checkpoint_every=7,
+        ports=RendezvousPorts(29500, 29999),
+    )
+    service = AgentService(factory, dispatcher, writer, heartbeat_interval_seconds=0.5)
+    server, port = start_server(
+        service, TokenVerifier(factory, 0), GrpcSettings(host="127.0.0.1", port=0)
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield Endpoint(
+            factory,
+            dispatcher,
+            writer,
+            agent_pb2_grpc.AgentServiceStub(channel),
+            agent_token,
+            user_token,
+        )
+    finally:
+        channel.close()
+        server.stop(grace=None).wait()
+        writer.close()
+
+
+def register_request(name: str = "node-a", gpus: int = 2) -> pb.RegisterRequest:
+    return pb.RegisterRequest(
+        node_name=name,
+        gpus=[pb.Gpu(index=i, kind="virtual-cpu", memory_bytes=1 << 30, virtual=True)
+              for i in range(gpus)],
+        agent_version="test",
+        address="127.0.0.1",
+    )  # fmt: skip
+
+
+class Stream:
+    """An agent's side of Connect: messages queued by the test, commands collected."""
+
+    def __init__(self, endpoint: Endpoint, first: pb.AgentMessage) -> None:
+        self._outgoing: queue.Queue[pb.AgentMessage | None] = queue.Queue()
+        self._outgoing.put(first)
+        self.commands: queue.Queue[pb.SchedulerMessage] = queue.Queue()
+        self.error: grpc.RpcError | None = None
+        self._call = endpoint.stub.Connect(self._messages(), metadata=endpoint.auth())
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def send(self, message: pb.AgentMessage) -> None:
+        self._outgoing.put(message)
+
+    def close(self) -> None:
+        self._outgoing.put(None)
+        self._reader.join(timeout=10)
+
+    def wait_closed(self) -> grpc.RpcError | None:
+        self._reader.join(timeout=10)
+        assert not self._reader.is_alive()
+        return self.error
+
+    def _messages(self) -> Iterator[pb.AgentMessage]:
+        while (message := self._outgoing.get()) is not None:
+            yield message
+
+    def _read(self) -> None:
+        try:
+            for command in self._call:
+                self.commands.put(command)
+        except grpc.RpcError as exc:
+            self.error = exc
+
+
+def hello(name: str = "node-a", running: dict[int, list[int]] | None = None) -> pb.AgentMessage:
+    jobs = [pb.RunningJob(job_id=j, ranks=r) for j, r in (running or {}).items()]
+    return pb.AgentMessage(hello=pb.Hello(node_name=name, running=jobs))
+
+
+def add_job(endpoint: Endpoint) -> int:
+    spec = JobSpec(name="j", workload="digits-mlp", workers=2, max_iterations=10)
+    with transaction(endpoint.factory) as session:
+        user = get_or_create_user(session, "alice")
+        job = submit(session, spec, Principal("user", user.id, user.name, False))
+        return job.id
+
+
+def launch(endpoint: Endpoint, job_id: int, start_iteration: int = 0) -> Launch:
+    with endpoint.factory() as session:
+        spec = session.get_one(Job, job_id).spec
+    workers = tuple(Worker(rank, 0, 0, "node-a", rank) for rank in range(2))
+    return Launch(job_id, spec, workers, {}, start_iteration, lease_iterations=50)
+
+
+def record(iteration: int, step: float = 0.1) -> pb.IterationRecord:
+    return pb.IterationRecord(
+        iteration=iteration,
+        step_seconds=step,
+        compute_seconds=step * 0.8,
+        comm_seconds=step * 0.2,
+        samples_per_second=640.0,
+        loss=2.0 / iteration,
+        utilization=0.5,
+        peak_memory_bytes=1 << 20,
+        bytes_communicated=4096,
+    )
+
+
+def test_calls_without_a_cluster_token_are_refused_and_change_nothing(
+    endpoint: Endpoint,
+) -> None:
+    for metadata, needle in (
+        ([], "missing cluster token"),
+        ([("authorization", "Bearer not-a-token")], "invalid or revoked"),
+        (endpoint.auth(endpoint.user_token), "user token cannot act as an agent"),
+    ):
+        with pytest.raises(grpc.RpcError) as refused:
+            endpoint.stub.Register(register_request(), metadata=metadata)
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        assert needle in str(refused.value.details())
+        stream = endpoint.stub.Connect(iter([hello()]), metadata=metadata)
+        with pytest.raises(grpc.RpcError) as refused:
+            next(stream)
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert endpoint.count(Node) == 0
+
+
+@pytest.mark.parametrize(
+    ("request_", "needle"),
+    [
+        (pb.RegisterRequest(node_name="", agent_version="x"), "not a DNS name"),
+        (pb.RegisterRequest(node_name="bad name!", agent_version="x"), "not a DNS name"),
+        (
+            pb.RegisterRequest(
+                node_name="node-a",
+                gpus=[pb.Gpu(index=0, kind="k"), pb.Gpu(index=0, kind="k")],
+            ),
+            "unique",
+        ),
+        (pb.RegisterRequest(node_name="node-a", gpus=[pb.Gpu(index=-1, kind="k")]), "unique"),
+        (pb.RegisterRequest(node_name="node-a", gpus=[pb.Gpu(index=0, kind="")]), "kind"),
+    ],
+)
+def test_malformed_registrations_are_invalid_arguments(
+    endpoint: Endpoint, request_: pb.RegisterRequest, needle: str
+) -> None:
+    with pytest.raises(grpc.RpcError) as refused:
+        endpoint.stub.Register(request_, metadata=endpoint.auth())
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert needle in str(refused.value.details())
+    assert endpoint.count(Node) == 0 and endpoint.count(GPU) == 0
+
+
+def test_a_stream_must_open_with_hello_from_a_registered_node(endpoint: Endpoint) -> None:
+    heartbeat = pb.AgentMessage(heartbeat=pb.Heartbeat())
+    error = Stream(endpoint, heartbeat).wait_closed()
+    assert error is not None and error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "must be a hello" in str(error.details())
+
+    error = Stream(endpoint, hello("never-registered")).wait_closed()
+    assert error is not None and error.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert endpoint.dispatcher.connected() == frozenset()
+
+
+def test_register_is_idempotent(endpoint: Endpoint) -> None:
+    first = endpoint.stub.Register(register_request(gpus=2), metadata=endpoint.auth())
+    again = endpoint.stub.Register(register_request(gpus=3), metadata=endpoint.auth())
+    assert (first.agent_id, first.node_id) == (again.agent_id, again.node_id)
+    assert first.heartbeat_interval_seconds == 0.5
+    assert endpoint.count(Node) == 1 and endpoint.count(GPU) == 3
+
+
+def test_launch_reports_and_exit_round_trip(endpoint: Endpoint, tmp_path: Path) -> None:
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    stream = Stream(endpoint, hello())
+    job_id, other_job = add_job(endpoint), add_job(endpoint)
+    try:
+        _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
+        assert endpoint.dispatcher.launch(launch(endpoint, job_id))
+        command = stream.commands.get(timeout=10)
+        assert command.WhichOneof("command") == "launch"
+        sent = command.launch
+        assert (sent.job_id, sent.world_size, sent.master_addr) == (job_id, 2, "127.0.0.1")
+        assert [(r.rank, r.gpu_index) for r in sent.ranks] == [(0, 0), (1, 1)]
+        assert 29500 <= sent.master_port <= 29999
+        assert sent.checkpoint_dir == str(tmp_path / f"job-{job_id}")
+        assert sent.checkpoint_every == 7
+        # A second launch while the first run's processes live is refused.
+        assert not endpoint.dispatcher.launch(launch(endpoint, job_id, start_iteration=3))
+
+        stream.send(
+            pb.AgentMessage(
+                reports=pb.IterationReports(
+                    jobs=[
+                        pb.JobIterations(job_id=job_id, records=[record(1), record(2)]),
+                        # Not this agent's job: dropped, not written.
+                        pb.JobIterations(job_id=other_job, records=[record(1)]),
+                    ]
+                )
+            )
+        )
+        stream.send(pb.AgentMessage(log=pb.LogTail(job_id=job_id, rank=1, message="hi")))
+        stream.send(
+            pb.AgentMessage(
+                evaluation=pb.Evaluation(job_id=job_id, iteration=2, metrics={"accuracy": 0.5})
+            )
+        )
+        stream.send(
+            pb.AgentMessage(
+                exit=pb.JobExit(
+                    job_id=job_id,
+                    outcome=pb.OUTCOME_SUCCEEDED,
+                    iteration=2,
+                    metrics={"accuracy": 0.9},
+                )
+            )
+        )
+        _wait(lambda: endpoint.count(JobLog) == 1)
+        assert endpoint.writer.flush()
+        with endpoint.factory() as session:
+            rows = session.execute(select(IterationMetric.job_id, IterationMetric.iteration)).all()
+            job = session.get_one(Job, job_id)
+            assert sorted(rows) == [(job_id, 1), (job_id, 2)]
+            assert job.iterations_done == 2
+            assert job.metrics == {"accuracy": 0.5}
+
+        [report] = _poll(endpoint.dispatcher)
+        assert (report.job_id, report.outcome, report.iterations_done) == (
+            job_id,
+            RunOutcome.SUCCEEDED,
+            2,
+        )
+        assert report.metrics == {"accuracy": 0.9}
+        assert endpoint.dispatcher.active() == {}
+    finally:
+        stream.close()
+
+
+def test_a_malformed_report_ends_the_stream_and_writes_nothing(endpoint: Endpoint) -> None:
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    stream = Stream(endpoint, hello())
+    job_id = add_job(endpoint)
+    _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
+    assert endpoint.dispatcher.launch(launch(endpoint, job_id))
+    stream.send(
+        pb.AgentMessage(
+            reports=pb.IterationReports(
+                jobs=[pb.JobIterations(job_id=job_id, records=[record(1, step=float("nan"))])]
+            )
+        )
+    )
+    error = stream.wait_closed()
+    assert error is not None and error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "invalid values" in str(error.details())
+    assert endpoint.writer.flush()
+    assert endpoint.count(IterationMetric) == 0
+
+
+def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    job_id = add_job(endpoint)
+    # The agent reconnects after a scheduler restart and says what it still runs.
+    stream = Stream(endpoint, hello(running={job_id: [0, 1]}))
+    try:
+        _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
+        endpoint.dispatcher.suspend(job_id)
+        endpoint.dispatcher.suspend(job_id)
+        endpoint.dispatcher.stop(job_id)
+        endpoint.dispatcher.stop(job_id, "node-a")
+        kinds = [stream.commands.get(timeout=10).WhichOneof("command") for _ in range(2)]
+        assert kinds == ["suspend", "stop"]
+        assert stream.commands.empty()
+    finally:
+        stream.close()
+
+
+def _poll(dispatcher: AgentDispatcher) -> list[Report]:
+    reports: list[Report] = []
+    _wait(lambda: bool(reports.extend(dispatcher.poll(NOW)) or reports))
+    return reports
+
+
+def _wait(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {seconds} s")
+        time.sleep(0.02)
