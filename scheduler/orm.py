@@ -20,6 +20,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -53,6 +54,14 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is not None and value.tzinfo is None:
             return value.replace(tzinfo=UTC)
         return value
+
+
+def table_of(model: type[Base]) -> Table:
+    """The Core table of a mapped class, for executemany statements that bypass the ORM
+    (`__table__` is only a FromClause to type checkers)."""
+    table = model.__table__
+    assert isinstance(table, Table)
+    return table
 
 
 class Base(DeclarativeBase):

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Table, bindparam, case, insert, select, update
+from sqlalchemy import bindparam, case, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.db import transaction
 from scheduler.models.agents import record_heartbeats
 from scheduler.models.metrics import record
-from scheduler.orm import Job, JobLog, utcnow
+from scheduler.orm import Job, JobLog, table_of, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -195,8 +195,7 @@ def _write(session: Session, batch: _Batch) -> None:
     if progress:
         # Never backwards: a job resumed from an older checkpoint re-reports iterations.
         # On the Core table: an executemany UPDATE with its own WHERE (not by primary key).
-        jobs = Job.__table__
-        assert isinstance(jobs, Table)
+        jobs = table_of(Job)
         session.execute(
             update(jobs)
             .where(jobs.c.id == bindparam("job"))
