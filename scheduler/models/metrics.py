@@ -40,6 +40,12 @@ ROW_COLUMNS = (
     "peak_memory_bytes",
     "bytes_communicated",
 )
+# What a row that leaves a column out gets (the rest default to NULL).
+_DEFAULTS = {"compute_seconds": 0.0, "comm_seconds": 0.0, "samples_per_second": 0.0}
+
+
+def _values(row: Mapping[str, Any]) -> list[Any]:
+    return [row.get(name, _DEFAULTS.get(name)) for name in ROW_COLUMNS]
 
 
 def record(session: Session, rows: Iterable[Mapping[str, Any]]) -> int:
@@ -60,11 +66,14 @@ def record(session: Session, rows: Iterable[Mapping[str, Any]]) -> int:
             cursor.copy(f"COPY iteration_metrics ({columns}) FROM STDIN") as copy,
         ):
             for row in batch:
-                copy.write_row([*(row.get(name) for name in ROW_COLUMNS), now])
+                copy.write_row([*_values(row), now])
     else:
-        values = [{name: row.get(name) for name in ROW_COLUMNS} for row in batch]
         session.execute(
-            insert(table_of(IterationMetric)), [row | {"reported_at": now} for row in values]
+            insert(table_of(IterationMetric)),
+            [
+                dict(zip(ROW_COLUMNS, _values(row), strict=True)) | {"reported_at": now}
+                for row in batch
+            ],
         )
     return len(batch)
 
