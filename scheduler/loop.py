@@ -415,8 +415,11 @@ class SchedulerService:
 
 
 def _clip(message: str) -> str:
-    """The end of a long message: a traceback's last lines say what went wrong."""
-    return message if len(message) <= _MESSAGE_CHARS else "..." + message[-_MESSAGE_CHARS:]
+    """A long message's start (what happened) and end (a traceback's last lines say why)."""
+    if len(message) <= _MESSAGE_CHARS:
+        return message
+    head = _MESSAGE_CHARS // 10
+    return f"{message[:head]} ... {message[-(_MESSAGE_CHARS - head - 5) :]}"
 
 
 def _release(session: Session, job_ids: Iterable[int], now: datetime) -> None:

@@ -16,11 +16,11 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.db import session_factory, transaction
-from scheduler.dispatch import Command, Launch, Report, SimulatedDispatcher
+from scheduler.dispatch import Command, Launch, Report, RunOutcome, SimulatedDispatcher
 from scheduler.jobspec import JobSpec
 from scheduler.leader import LeaderLock, LeaderUnavailable
 from scheduler.loop import SchedulerService
-from scheduler.models.jobs import cancel, submit
+from scheduler.models.jobs import cancel, resume, submit, suspend
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node
 from scheduler.settings import SchedulerSettings
@@ -49,9 +49,15 @@ def add_nodes(factory: sessionmaker[Session], sizes: dict[str, int]) -> None:
             session.add(Agent(node_id=node.id, version="test", last_heartbeat_at=T0))
 
 
-def add_job(factory: sessionmaker[Session], workers: int, max_iterations: int = 100) -> int:
+def add_job(
+    factory: sessionmaker[Session], workers: int, max_iterations: int = 100, max_retries: int = 0
+) -> int:
     spec = JobSpec(
-        name=f"w{workers}", workload="digits-mlp", workers=workers, max_iterations=max_iterations
+        name=f"w{workers}",
+        workload="digits-mlp",
+        workers=workers,
+        max_iterations=max_iterations,
+        max_retries=max_retries,
     )
     with transaction(factory) as session:
         user = get_or_create_user(session, "alice")
@@ -278,3 +284,115 @@ def test_only_one_leader_per_database(engine: Engine, tmp_path: Path) -> None:
     second.release()
     assert first.acquire(blocking=True)
     first.release()
+
+
+class Crashing(SimulatedDispatcher):
+    """Every run crashes at its first poll, with a traceback's worth of message."""
+
+    def poll(self, now: datetime) -> list[Report]:
+        reports = [
+            Report(job_id, 3, RunOutcome.FAILED, "Traceback ...\n" + "x" * 5000 + "\nBoom: at 3")
+            for job_id in self.active()
+        ]
+        self._runs.clear()
+        return reports
+
+
+def test_a_crash_is_retried_up_to_max_retries_then_fails(factory: sessionmaker[Session]) -> None:
+    add_nodes(factory, {"a": 1})
+    job_id = add_job(factory, 1, max_retries=1)
+    loop, dispatcher = service(factory, Crashing(iterations_per_second=1))
+
+    loop.run_round(T0)  # launch
+    loop.run_round(T0)  # crash -> retried: queued and relaunched in the same round
+    with factory() as session:
+        job = session.get_one(Job, job_id)
+        assert (job.state, job.failures, job.attempts) == (JobState.RUNNING, 1, 2)
+    [retry] = [e for e in events(factory, "transition") if e.to_state == "QUEUED"][-1:]
+    assert "retry 1 of 1" in retry.message and retry.message.endswith("Boom: at 3")
+    loop.run_round(T0)  # crash again -> FAILED
+    with factory() as session:
+        job = session.get_one(Job, job_id)
+        assert (job.state, job.failures) == (JobState.FAILED, 1)
+        assert job.message.endswith("Boom: at 3") and len(job.message) < 4100
+    assert held_gpus(factory, job_id) == []
+    assert [c.kind for c in dispatcher.commands] == ["launch", "stop", "launch", "stop"]
+
+
+class Reconnected(SimulatedDispatcher):
+    """Agents of `nodes` are connected and report exactly `runs` (job -> nodes)."""
+
+    nodes: frozenset[str] = frozenset()
+    runs: dict[int, frozenset[str]] | None = None
+
+    def active(self) -> dict[int, frozenset[str]]:
+        return super().active() if self.runs is None else dict(self.runs)
+
+    def connected(self) -> frozenset[str]:
+        return self.nodes
+
+
+def test_a_running_job_whose_agent_lost_its_processes_is_requeued(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 1})
+    job_id = add_job(factory, 1, max_iterations=10_000)
+    dispatcher = Reconnected(iterations_per_second=1)
+    loop, _ = service(factory, dispatcher)
+    loop.run_round(T0)
+    assert state(factory, job_id) is JobState.RUNNING
+
+    # The agent on `a` restarted: connected again, but running nothing.
+    dispatcher.nodes, dispatcher.runs = frozenset({"a"}), {}
+    result = loop.run_round(T0)
+    assert result.requeued == 1
+    transitions = [(e.from_state, e.to_state, e.message) for e in events(factory, "transition")]
+    assert ("RUNNING", "QUEUED", "its processes are gone (agent restarted)") in transitions
+    # Requeued, then placed again on the freed GPU in the same round.
+    assert state(factory, job_id) is JobState.RUNNING
+    assert dispatcher.commands[-1] == Command("launch", job_id)
+
+
+def test_stray_processes_are_stopped_where_the_job_is_not_allocated(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 1, "b": 1})
+    job_id = add_job(factory, 1, max_iterations=10_000)
+    dispatcher = Reconnected(iterations_per_second=1)
+    loop, _ = service(factory, dispatcher)
+    loop.run_round(T0)
+    [(node, _)] = held_gpus(factory, job_id)
+    other = "b" if node == "a" else "a"
+
+    # The other node's agent comes back still running an old copy of the job.
+    dispatcher.runs = {job_id: frozenset({node, other})}
+    stopped: list[tuple[int, str | None]] = []
+    dispatcher.stop = lambda job, where=None: stopped.append((job, where))  # type: ignore[method-assign]
+    loop.run_round(T0)
+    assert stopped == [(job_id, other)]
+    assert state(factory, job_id) is JobState.RUNNING
+
+
+def test_a_job_suspended_through_the_api_is_checkpointed_and_freed(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 1})
+    job_id = add_job(factory, 1, max_iterations=10_000)
+    loop, dispatcher = service(factory)
+    loop.run_round(T0)
+    with transaction(factory) as session:
+        job = session.get_one(Job, job_id)
+        suspend(session, job, Principal("user", job.owner_id, "alice", False))
+
+    result = loop.run_round(T0 + timedelta(seconds=1))
+    assert result.released == 1
+    assert dispatcher.commands[-1] == Command("suspend", job_id)
+    assert held_gpus(factory, job_id) == []
+    assert state(factory, job_id) is JobState.SUSPENDED
+
+    with transaction(factory) as session:
+        job = session.get_one(Job, job_id)
+        resume(session, job, Principal("user", job.owner_id, "alice", False))
+    loop.run_round(T0 + timedelta(seconds=2))
+    assert state(factory, job_id) is JobState.RUNNING
+    assert dispatcher.commands[-1] == Command("launch", job_id)
