@@ -339,10 +339,10 @@ def agent(
     import threading
 
     from api.server import configure_logging
-    from worker_agent.agent import run_agent
+    from worker_agent.agent import AgentRejected, run_agent
     from worker_agent.settings import AgentSettings
 
-    overrides = {
+    overrides: dict[str, Any] = {
         "scheduler": scheduler,
         "gpus": gpus,
         "node_name": node_name,
@@ -358,7 +358,10 @@ def agent(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda _signum, _frame: stop.set())
-    run_agent(settings, stop)
+    try:
+        run_agent(settings, stop)
+    except AgentRejected as exc:
+        _fail(f"the scheduler at {settings.scheduler} refused this agent: {exc}")
 
 
 # -- jobs -----------------------------------------------------------------------------

@@ -88,7 +88,12 @@ def _agent_stream(
 
     def outgoing() -> Iterator[pb.AgentMessage]:
         yield pb.AgentMessage(
-            hello=pb.Hello(node_name=node, running=[pb.RunningJob(job_id=job_id, ranks=[0])])
+            hello=pb.Hello(
+                node_name=node,
+                running=[
+                    pb.RunningJob(job_id=job_id, ranks=[pb.RankAssignment(rank=0, gpu_index=0)])
+                ],
+            )
         )
         for m in range(messages):
             batch = [_record(m * records + i + 1) for i in range(records)]

@@ -80,6 +80,10 @@ class Dispatcher(Protocol):
         """Nodes whose `active()` entries are first-hand: their agents are connected now."""
         ...
 
+    def node_lost(self, node_name: str) -> None:
+        """The node's agent was declared dead: whatever ran there is gone or stray."""
+        ...
+
 
 @dataclass(frozen=True)
 class Command:
@@ -153,3 +157,7 @@ class SimulatedDispatcher:
     def connected(self) -> frozenset[str]:
         # Simulated runs live in this process: `jigsaw up` requeues them at start-up.
         return frozenset()
+
+    def node_lost(self, node_name: str) -> None:
+        # Simulated gangs live and die whole: the loop's stop has removed the run.
+        pass

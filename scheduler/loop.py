@@ -171,6 +171,9 @@ class SchedulerService:
             ).all()
             if not lost:
                 return 0, 0
+            lost_names = list(
+                session.scalars(select(Node.name).where(Node.id.in_([a.node_id for a in lost])))
+            )
             for agent in lost:
                 agent.alive = False
                 session.add(
@@ -205,6 +208,8 @@ class SchedulerService:
                 requeued,
             )
         # Only after the commit: a dispatcher must never act on a decision that rolled back.
+        for name in lost_names:
+            self._dispatcher.node_lost(name)
         self._command(self._dispatcher.stop, [job.id for job in jobs])
         return len(lost), len(requeued)
 

@@ -11,89 +11,33 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
 import pytest
-from sqlalchemy import Engine, func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Engine, select
 
-from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
-from scheduler.agents.ingest import ReportWriter
-from scheduler.agents.server import start_server
-from scheduler.agents.service import AgentService
-from scheduler.db import session_factory, transaction
+from scheduler.agents.dispatcher import AgentDispatcher
+from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, Worker
 from scheduler.jobspec import JobSpec
 from scheduler.models.jobs import submit
 from scheduler.models.users import (
-    AGENT_SCOPE,
-    USER_SCOPE,
     Principal,
-    TokenVerifier,
     get_or_create_user,
-    issue_token,
 )
 from scheduler.orm import GPU, IterationMetric, Job, JobLog, Node
-from scheduler.settings import GrpcSettings
+from tests.agent_endpoint import CHECKPOINT_EVERY, Endpoint, agent_endpoint
 from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
-from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 
 NOW = datetime.now(UTC)
 
 
-@dataclass
-class Endpoint:
-    factory: sessionmaker[Session]
-    dispatcher: AgentDispatcher
-    writer: ReportWriter
-    stub: agent_pb2_grpc.AgentServiceStub
-    agent_token: str
-    user_token: str
-
-    def auth(self, token: str | None = None) -> list[tuple[str, str]]:
-        return [("authorization", f"Bearer {token or self.agent_token}")]
-
-    def count(self, model: type) -> int:
-        with self.factory() as session:
-            return int(session.scalar(select(func.count()).select_from(model)) or 0)
-
-
 @pytest.fixture
 def endpoint(engine: Engine, tmp_path: Path) -> Iterator[Endpoint]:
-    factory = session_factory(engine)
-    with transaction(factory) as session:
-        agent_token = issue_token(session, scope=AGENT_SCOPE)
-        user = get_or_create_user(session, "alice")
-        user_token = issue_token(session, scope=USER_SCOPE, user=user)
-    writer = ReportWriter(factory, max_delay_seconds=0.01)
-    writer.start()
-    dispatcher = AgentDispatcher(
-        factory,
-        checkpoint_root=tmp_path,
-        checkpoint_every=7,
-        ports=RendezvousPorts(29500, 29999),
-    )
-    service = AgentService(factory, dispatcher, writer, heartbeat_interval_seconds=0.5)
-    server, port = start_server(
-        service, TokenVerifier(factory, 0), GrpcSettings(host="127.0.0.1", port=0)
-    )
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    try:
-        yield Endpoint(
-            factory,
-            dispatcher,
-            writer,
-            agent_pb2_grpc.AgentServiceStub(channel),
-            agent_token,
-            user_token,
-        )
-    finally:
-        channel.close()
-        server.stop(grace=None).wait()
-        writer.close()
+    with agent_endpoint(engine, tmp_path) as running:
+        yield running
 
 
 def register_request(name: str = "node-a", gpus: int = 2) -> pb.RegisterRequest:
@@ -142,9 +86,20 @@ class Stream:
             self.error = exc
 
 
-def hello(name: str = "node-a", running: dict[int, list[int]] | None = None) -> pb.AgentMessage:
-    jobs = [pb.RunningJob(job_id=j, ranks=r) for j, r in (running or {}).items()]
-    return pb.AgentMessage(hello=pb.Hello(node_name=name, running=jobs))
+def hello(
+    name: str = "node-a",
+    running: dict[int, dict[int, int]] | None = None,
+    exits: list[pb.JobExit] | None = None,
+) -> pb.AgentMessage:
+    """`running`: job -> rank -> GPU index."""
+    jobs = [
+        pb.RunningJob(
+            job_id=job_id,
+            ranks=[pb.RankAssignment(rank=r, gpu_index=g) for r, g in ranks.items()],
+        )
+        for job_id, ranks in (running or {}).items()
+    ]
+    return pb.AgentMessage(hello=pb.Hello(node_name=name, running=jobs, exits=exits or []))
 
 
 def add_job(endpoint: Endpoint) -> int:
@@ -254,7 +209,7 @@ def test_launch_reports_and_exit_round_trip(endpoint: Endpoint, tmp_path: Path) 
         assert [(r.rank, r.gpu_index) for r in sent.ranks] == [(0, 0), (1, 1)]
         assert 29500 <= sent.master_port <= 29999
         assert sent.checkpoint_dir == str(tmp_path / f"job-{job_id}")
-        assert sent.checkpoint_every == 7
+        assert sent.checkpoint_every == CHECKPOINT_EVERY
         # A second launch while the first run's processes live is refused.
         assert not endpoint.dispatcher.launch(launch(endpoint, job_id, start_iteration=3))
 
@@ -330,7 +285,7 @@ def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
     endpoint.stub.Register(register_request(), metadata=endpoint.auth())
     job_id = add_job(endpoint)
     # The agent reconnects after a scheduler restart and says what it still runs.
-    stream = Stream(endpoint, hello(running={job_id: [0, 1]}))
+    stream = Stream(endpoint, hello(running={job_id: {0: 0, 1: 1}}))
     try:
         _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
         endpoint.dispatcher.suspend(job_id)
@@ -356,3 +311,33 @@ def _wait(condition: Callable[[], bool], seconds: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {seconds} s")
         time.sleep(0.02)
+
+
+def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
+    endpoint: Endpoint,
+) -> None:
+    endpoint.stub.Register(register_request(gpus=3), metadata=endpoint.auth())
+    running, finished, queued = add_job(endpoint), add_job(endpoint), add_job(endpoint)
+    done = pb.JobExit(job_id=finished, outcome=pb.OUTCOME_SUCCEEDED, iteration=10)
+    stream = Stream(endpoint, hello(running={running: {0: 1}}, exits=[done]))
+    try:
+        _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
+        # The exit that could not be sent during the outage counts as this node's.
+        assert endpoint.dispatcher.active() == {
+            running: frozenset({"node-a"}),
+            finished: frozenset({"node-a"}),
+        }
+        [report] = _poll(endpoint.dispatcher)
+        assert (report.job_id, report.outcome) == (finished, RunOutcome.SUCCEEDED)
+
+        # GPU 1 is still held by the running job: a launch onto it waits.
+        onto_busy = Launch(queued, {}, (Worker(0, 0, 0, "node-a", 1),), {}, 0, 50)
+        assert not endpoint.dispatcher.launch(onto_busy)
+        free = Launch(queued, {}, (Worker(0, 0, 0, "node-a", 2),), {}, 0, 50)
+        assert endpoint.dispatcher.launch(free)
+
+        # Declared dead: nothing is believed to run there any more.
+        endpoint.dispatcher.node_lost("node-a")
+        assert endpoint.dispatcher.active() == {}
+    finally:
+        stream.close()

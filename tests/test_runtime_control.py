@@ -96,7 +96,7 @@ def test_the_worker_entry_point_obeys_the_agent(tmp_path: Path) -> None:
     assert completed.returncode == EXIT_CODES[Outcome.SUSPENDED] == 3, completed.stderr
     messages = agent.join()
     kinds = {m["type"] for m in messages}
-    assert {"hello", "check", "report", "evaluation", "log", "exit"} <= kinds
+    assert {"hello", "check", "report", "evaluation", "exit"} <= kinds
     assert [m["iteration"] for m in messages if m["type"] == "check"] == [0, 1, 2, 3, 4]
     reported = [r["iteration"] for m in messages if m["type"] == "report" for r in m["records"]]
     assert reported == [1, 2, 3, 4]

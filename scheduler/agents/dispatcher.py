@@ -77,8 +77,8 @@ class AgentDispatcher:
         self._ports = ports
         self._lock = threading.Lock()
         self._sessions: dict[str, AgentSession] = {}
-        # job -> node -> its ranks there, for every job whose processes may be alive.
-        self._jobs: dict[int, dict[str, list[int]]] = {}
+        # job -> node -> {rank: GPU index} there, for every job whose processes may live.
+        self._jobs: dict[int, dict[str, dict[int, int]]] = {}
         self._job_ports: dict[int, int] = {}
         # (job, node) pairs already told to stop or suspend: each command goes out once.
         self._stopping: set[tuple[int, str]] = set()
@@ -88,21 +88,44 @@ class AgentDispatcher:
     # -- sessions (called by the gRPC service) ----------------------------------------
 
     def open_session(
-        self, node_name: str, node_id: int, agent_id: int, running: Mapping[int, Sequence[int]]
+        self,
+        node_name: str,
+        node_id: int,
+        agent_id: int,
+        running: Mapping[int, Mapping[int, int]],
+        exits: Sequence[pb.JobExit] = (),
     ) -> AgentSession:
-        """A (re)connected agent and the jobs it still runs; replaces an older stream."""
+        """A (re)connected agent, the jobs it still runs (job -> rank -> GPU index) and
+        the exits it could not send while disconnected; replaces an older stream."""
         session = AgentSession(node_name, node_id, agent_id)
         with self._lock:
             previous = self._sessions.pop(node_name, None)
             self._sessions[node_name] = session
             for job_id, ranks in running.items():
-                self._jobs.setdefault(job_id, {})[node_name] = list(ranks)
+                self._jobs.setdefault(job_id, {})[node_name] = dict(ranks)
+            for message in exits:
+                # Known to have run here until the exit is polled, like any other exit.
+                self._jobs.setdefault(message.job_id, {}).setdefault(node_name, {})
+                self._exits.put((node_name, message))
             # Commands sent over the old stream may have been lost with it.
             self._stopping = {(j, n) for j, n in self._stopping if n != node_name}
             self._suspending = {(j, n) for j, n in self._suspending if n != node_name}
         if previous is not None:
             previous.close()
         return session
+
+    def node_lost(self, node_name: str) -> None:
+        """The scheduler gave up on the node's agent: forget what ran there.
+
+        Its jobs were requeued; if the agent comes back, its Hello says what still runs
+        and the loop stops those strays.
+        """
+        with self._lock:
+            for job_id in list(self._jobs):
+                self._jobs[job_id].pop(node_name, None)
+                if not self._jobs[job_id]:
+                    del self._jobs[job_id]
+                    self._job_ports.pop(job_id, None)
 
     def close_session(self, session: AgentSession) -> None:
         """The stream ended. Jobs keep their entries: agents outlive short outages."""
@@ -135,16 +158,23 @@ class AgentDispatcher:
             if missing:
                 logger.warning("job %d not launched: %s not connected", launch.job_id, missing)
                 return False
-            busy = sorted(self._jobs.get(launch.job_id, {}))
-            if busy:
+            exiting = sorted(self._jobs.get(launch.job_id, {}))
+            if exiting:
                 # The previous run's processes have not exited yet (a resume right after
                 # a suspend): starting now would race their checkpoint.
-                logger.info("job %d not launched: still exiting on %s", launch.job_id, busy)
+                logger.info("job %d not launched: still exiting on %s", launch.job_id, exiting)
+                return False
+            busy = self._busy_gpus(by_node)
+            if busy:
+                # The database freed these GPUs, but the processes of a job that was
+                # suspended or stopped still hold them for a moment.
+                logger.info("job %d not launched: GPUs %s still busy", launch.job_id, busy)
                 return False
             port = self._free_port()
             self._job_ports[launch.job_id] = port
             self._jobs[launch.job_id] = {
-                node: [a.rank for a in assignments] for node, assignments in by_node.items()
+                node: {a.rank: a.gpu_index for a in assignments}
+                for node, assignments in by_node.items()
             }
         for node, assignments in by_node.items():
             command = pb.LaunchCommand(
@@ -232,6 +262,21 @@ class AgentDispatcher:
                 session.send(pb.SchedulerMessage(stop=pb.StopCommand(job_id=job_id)))
             else:
                 session.send(pb.SchedulerMessage(suspend=pb.SuspendCommand(job_id=job_id)))
+
+    def _busy_gpus(self, wanted: Mapping[str, Sequence[pb.RankAssignment]]) -> list[str]:
+        """`node:index` of the wanted GPUs that processes of any job still hold (lock held)."""
+        held = {
+            (node, gpu)
+            for nodes in self._jobs.values()
+            for node, ranks in nodes.items()
+            for gpu in ranks.values()
+        }
+        return sorted(
+            f"{node}:{a.gpu_index}"
+            for node, assignments in wanted.items()
+            for a in assignments
+            if (node, a.gpu_index) in held
+        )
 
     def _free_port(self) -> int:
         """A rendezvous port no job launched by this dispatcher holds (lock held)."""

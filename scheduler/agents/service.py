@@ -155,8 +155,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             )
             return
         node_id, agent_id = row
-        running = {job.job_id: list(job.ranks) for job in hello.running}
-        session_ = self._dispatcher.open_session(hello.node_name, node_id, agent_id, running)
+        running = {job.job_id: {a.rank: a.gpu_index for a in job.ranks} for job in hello.running}
+        session_ = self._dispatcher.open_session(
+            hello.node_name, node_id, agent_id, running, hello.exits
+        )
         self._writer.heartbeat(agent_id)
         logger.info("agent %s connected, running jobs %s", hello.node_name, sorted(running))
         failure: list[InvalidMessage] = []

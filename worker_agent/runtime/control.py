@@ -6,7 +6,6 @@ to its peers so that every rank acts at the same boundary. Every rank calls `exi
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
@@ -30,8 +29,6 @@ class Controller(Protocol):
 
     def evaluation(self, iteration: int, metrics: dict[str, float]) -> None: ...
 
-    def log(self, level: int, message: str) -> None: ...
-
     def exit(self, status: ExitStatus) -> None: ...
 
 
@@ -49,7 +46,6 @@ class LocalController:
     checks: list[int] = field(default_factory=list)
     records: list[IterationRecord] = field(default_factory=list)
     evaluations: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    logs: list[tuple[int, str]] = field(default_factory=list)
     status: ExitStatus | None = None
     _config_version: int = 0
     _config: dict[str, Any] = field(default_factory=dict)
@@ -71,9 +67,6 @@ class LocalController:
 
     def evaluation(self, iteration: int, metrics: dict[str, float]) -> None:
         self.evaluations.append((iteration, metrics))
-
-    def log(self, level: int, message: str) -> None:
-        self.logs.append((level, message))
 
     def exit(self, status: ExitStatus) -> None:
         self.status = status
@@ -106,11 +99,6 @@ class ConnectionController:
 
     def evaluation(self, iteration: int, metrics: dict[str, float]) -> None:
         self._connection.send({"type": "evaluation", "iteration": iteration, "metrics": metrics})
-
-    def log(self, level: int, message: str) -> None:
-        self._connection.send(
-            {"type": "log", "level": logging.getLevelName(level), "message": message}
-        )
 
     def exit(self, status: ExitStatus) -> None:
         try:

@@ -277,9 +277,8 @@ class _Training:
             )
 
     def _announce(self, message: str) -> None:
+        # The agent forwards the worker's stderr, so a log line is all it takes.
         logger.info(message)
-        if self._rank0:
-            self._controller.log(logging.INFO, message)
 
 
 def _to_device(batch: Any, device: torch.device) -> Any:

@@ -9,7 +9,6 @@ worker -> agent
     {"type": "check", "iteration": int}                      rank 0 only; agent replies
     {"type": "report", "records": [IterationRecord as dict, ...]}          rank 0 only
     {"type": "evaluation", "iteration": int, "metrics": {str: float}}      rank 0 only
-    {"type": "log", "level": "INFO" | "WARNING" | ..., "message": str}
     {"type": "exit", "status": Outcome value, "iteration": int,
      "error_tail": str | None}                                         last, once
 agent -> worker (only as the reply to "check")
@@ -21,6 +20,8 @@ from the boundary it was asked at until `lease_until`: while the action is "cont
 and the boundary is below `lease_until`, the worker does not ask again (the agent sets
 `lease_until = iteration + 1` to be asked at every boundary). `config` changes only
 together with `config_version`.
+
+Log lines travel separately: the agent reads every worker's stdout and stderr.
 
 Process exit codes are in `EXIT_CODES`.
 """

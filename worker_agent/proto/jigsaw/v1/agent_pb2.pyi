@@ -71,20 +71,22 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[IterationReports, _Mapping]] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ..., log: _Optional[_Union[LogTail, _Mapping]] = ..., evaluation: _Optional[_Union[Evaluation, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node_name", "running")
+    __slots__ = ("node_name", "running", "exits")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
+    EXITS_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     running: _containers.RepeatedCompositeFieldContainer[RunningJob]
-    def __init__(self, node_name: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ...) -> None: ...
+    exits: _containers.RepeatedCompositeFieldContainer[JobExit]
+    def __init__(self, node_name: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., exits: _Optional[_Iterable[_Union[JobExit, _Mapping]]] = ...) -> None: ...
 
 class RunningJob(_message.Message):
     __slots__ = ("job_id", "ranks")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     job_id: int
-    ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, job_id: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    ranks: _containers.RepeatedCompositeFieldContainer[RankAssignment]
+    def __init__(self, job_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ()

@@ -1,0 +1,135 @@
+"""A real cluster on loopback for end-to-end tests: `jigsaw up` plus `jigsaw agent`
+processes with virtual GPUs, each a separate process that a test may kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from api.client import JigsawClient
+from api.credentials import agent_token_path, load_credentials
+from api.server import free_port
+from tests.servers import JIGSAW, TERMINAL, Server, clean_env, jigsaw_up
+
+# Short enough that a killed agent is noticed within seconds.
+AGENT_TIMEOUT_SECONDS = 4
+CHECKPOINT_EVERY = 10
+
+
+@dataclass
+class Cluster:
+    home: Path
+    grpc_port: int
+    env: dict[str, str]
+    stack: ExitStack
+    server: Server | None = None
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def client(self) -> JigsawClient:
+        assert self.server is not None
+        credentials = load_credentials(self.home)
+        assert credentials is not None
+        return JigsawClient(self.server.url, credentials.token)
+
+    def start_server(self) -> None:
+        self.server = self.stack.enter_context(jigsaw_up(self.home, **self.env))
+
+    def start_agent(self, name: str, gpus: int) -> None:
+        log = (self.home / f"agent-{name}.log").open("ab")
+        with log:
+            self.agents[name] = subprocess.Popen(
+                [*JIGSAW, "agent", "--scheduler", f"127.0.0.1:{self.grpc_port}",
+                 "--gpus", str(gpus), "--node-name", name,
+                 "--token-file", str(agent_token_path(self.home)),
+                 "--work-dir", str(self.home / name)],
+                env=clean_env(self.home, **self.env), stdout=log, stderr=log,
+            )  # fmt: skip
+        self.stack.callback(_stop, self.agents[name])
+
+    def agent_log(self, name: str) -> str:
+        return (self.home / f"agent-{name}.log").read_text(errors="replace")
+
+    def wait_nodes(self, alive: int) -> None:
+        with self.client() as client:
+            wait_for(
+                lambda: sum(n["alive"] for n in client.cluster()["nodes"]) == alive,
+                f"{alive} alive node(s)",
+            )
+
+    def wait_job(self, job_id: int, done: Callable[[dict[str, Any]], bool], what: str) -> Any:
+        with self.client() as client:
+            job: dict[str, Any] = {}
+
+            def check() -> bool:
+                nonlocal job
+                job = client.get_job(job_id)
+                return done(job)
+
+            wait_for(check, f"job {job_id} {what}", seconds=240)
+            return job
+
+
+@contextmanager
+def cluster(home: Path, **env: str) -> Iterator[Cluster]:
+    """`jigsaw up` on `home` (and `env`'s database), without agents: tests add them."""
+    grpc_port = free_port()
+    settings = {
+        "JIGSAW_GRPC_PORT": str(grpc_port),
+        "JIGSAW_SCHEDULER_ROUND_SECONDS": "0.2",
+        "JIGSAW_SCHEDULER_AGENT_TIMEOUT_SECONDS": str(AGENT_TIMEOUT_SECONDS),
+        "JIGSAW_SCHEDULER_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY),
+        **env,
+    }
+    with ExitStack() as stack:
+        running = Cluster(home, grpc_port, settings, stack)
+        running.start_server()
+        yield running
+
+
+def wait_for(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def ended(job: dict[str, Any]) -> bool:
+    return job["state"] in TERMINAL
+
+
+def worker_pids(home: Path) -> list[int]:
+    """Training processes whose configuration lies under `home` (this test's cluster)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"worker_agent.runtime.worker" in command and str(home).encode() in b" ".join(command):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def kill(process: subprocess.Popen[bytes]) -> None:
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()

@@ -1,0 +1,202 @@
+"""The agent's supervisor with real worker processes on virtual slots (gloo, no mocks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from api.server import free_port
+from tests.runtime_helpers import TinyTrial
+from worker_agent.gpus import virtual_slots
+from worker_agent.proto.jigsaw.v1 import agent_pb2
+from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
+from worker_agent.supervisor import Outbound, Supervisor
+
+# How long a test waits for any one message; a job that hangs fails instead of blocking.
+_MESSAGE_TIMEOUT_SECONDS = 120
+_BIG = 1_000_000  # iterations a job never reaches: it ends only when told to
+
+
+class CrashingTrial(TinyTrial):
+    """A user trial whose loss raises."""
+
+    def loss(self, model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        raise RuntimeError("the user's loss exploded")
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    supervisor = Supervisor(virtual_slots(2), tmp_path / "agent", stop_grace_seconds=5)
+    yield supervisor
+    supervisor.close()
+
+
+def _launch(
+    job_id: int,
+    *,
+    ranks: tuple[tuple[int, int], ...] = ((0, 0), (1, 1)),
+    spec: dict[str, Any] | None = None,
+    spec_json: str | None = None,
+    **fields: Any,
+) -> agent_pb2.LaunchCommand:
+    """A launch of `ranks` (rank, gpu index) of a digits-mlp job, as the scheduler sends it."""
+    spec = {
+        "name": f"job-{job_id}",
+        "workload": "digits-mlp",
+        "hyperparameters": {"batch_size": 64},
+        "workers": len(ranks),
+        "max_iterations": 6,
+        **(spec or {}),
+    }
+    command: dict[str, Any] = {
+        "job_id": job_id,
+        "spec_json": spec_json if spec_json is not None else json.dumps(spec),
+        "ranks": [agent_pb2.RankAssignment(rank=r, gpu_index=g) for r, g in ranks],
+        "world_size": len(ranks),
+        "master_addr": "127.0.0.1",
+        "master_port": free_port(),
+        "spb_json": "{}",
+    }
+    return agent_pb2.LaunchCommand(**{**command, **fields})
+
+
+def _next(supervisor: Supervisor) -> Outbound:
+    try:
+        return supervisor.outbound.get(timeout=_MESSAGE_TIMEOUT_SECONDS)
+    except queue.Empty:
+        raise AssertionError("no message from the supervisor") from None
+
+
+def _until_exit(supervisor: Supervisor, job_id: int) -> tuple[list[Outbound], agent_pb2.JobExit]:
+    """Every message up to the job's exit, and the exit."""
+    seen: list[Outbound] = []
+    while True:
+        message = _next(supervisor)
+        if isinstance(message, agent_pb2.JobExit) and message.job_id == job_id:
+            return seen, message
+        seen.append(message)
+
+
+def _until(supervisor: Supervisor, wanted: Any) -> list[Outbound]:
+    """Every message up to the first one `wanted(message)` accepts."""
+    seen: list[Outbound] = []
+    while not seen or not wanted(seen[-1]):
+        seen.append(_next(supervisor))
+    return seen
+
+
+def _is_report(message: Outbound) -> bool:
+    return isinstance(message, agent_pb2.JobIterations)
+
+
+def _assert_gone(pids: dict[int, int]) -> None:
+    """Neither the workers nor anything in their process groups is left (reaped too)."""
+    assert pids
+    for pid in pids.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        with pytest.raises(ProcessLookupError):
+            os.killpg(pid, 0)
+
+
+def test_a_two_rank_job_reports_and_succeeds(supervisor: Supervisor, tmp_path: Path) -> None:
+    supervisor.launch(_launch(1))
+    assert supervisor.running() == {1: {0: 0, 1: 1}}
+    pids = supervisor.pids(1)
+    seen, end = _until_exit(supervisor, 1)
+
+    records = [
+        r.iteration for m in seen if isinstance(m, agent_pb2.JobIterations) for r in m.records
+    ]
+    assert records == [1, 2, 3, 4, 5, 6]
+    assert end.outcome == agent_pb2.OUTCOME_SUCCEEDED
+    assert (end.exit_code, end.iteration, end.error_tail) == (0, 6, "")
+    assert 0 <= end.metrics["accuracy"] <= 1
+    assert any(isinstance(m, agent_pb2.Evaluation) and m.iteration == 6 for m in seen)
+    logs = [m for m in seen if isinstance(m, agent_pb2.LogTail)]
+    assert {m.rank for m in logs} == {0, 1}
+    assert any("succeeded at iteration 6" in m.message and m.level == "INFO" for m in logs)
+    assert "succeeded at iteration 6" in (tmp_path / "agent/job-1/rank-1.log").read_text()
+    assert supervisor.running() == {}
+    _assert_gone(pids)
+
+
+def test_stop_ends_the_job_and_leaves_no_process(supervisor: Supervisor) -> None:
+    supervisor.launch(_launch(2, spec={"max_iterations": _BIG}))
+    pids = supervisor.pids(2)
+    _until(supervisor, _is_report)
+
+    # While it trains, its launch again is ignored and its GPUs are not given away.
+    supervisor.launch(_launch(2, spec={"max_iterations": _BIG}))
+    supervisor.launch(_launch(3, ranks=((0, 1),)))
+    refused = _until(supervisor, lambda m: isinstance(m, agent_pb2.JobExit))[-1]
+    assert isinstance(refused, agent_pb2.JobExit) and refused.job_id == 3
+    assert refused.outcome == agent_pb2.OUTCOME_FAILED and "busy" in refused.error_tail
+    assert supervisor.pids(2) == pids
+
+    supervisor.stop(2, "cancelled by its owner")
+    seen, end = _until_exit(supervisor, 2)
+    assert end.outcome == agent_pb2.OUTCOME_STOPPED
+    assert end.exit_code != 0 and end.iteration >= 1
+    assert not any(isinstance(m, agent_pb2.JobExit) for m in seen)  # one exit per job
+    assert supervisor.running() == {}
+    _assert_gone(pids)
+
+
+def test_a_crashing_user_trial_fails_with_its_traceback(supervisor: Supervisor) -> None:
+    workload = f"{__name__}:CrashingTrial"
+    supervisor.launch(_launch(4, ranks=((0, 0),), spec={"workload": workload}))
+    _, end = _until_exit(supervisor, 4)
+    assert end.outcome == agent_pb2.OUTCOME_FAILED and end.exit_code == 1
+    assert "RuntimeError: the user's loss exploded" in end.error_tail
+    assert supervisor.running() == {}
+
+
+def test_suspend_checkpoints_after_a_reconfiguration(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    supervisor.launch(_launch(5, spec={"max_iterations": _BIG}, checkpoint_dir=str(checkpoints)))
+    _until(supervisor, _is_report)
+    supervisor.reconfigure(5, 1, {"full_fraction": 0.5, "partial_depth": 0.5})
+    supervisor.reconfigure(5, 1, {"stale": True})  # not newer: ignored
+    _until(
+        supervisor,
+        lambda m: (
+            isinstance(m, agent_pb2.LogTail) and "configuration version 1 applied" in m.message
+        ),
+    )
+    supervisor.suspend(5)
+    _, end = _until_exit(supervisor, 5)
+    assert end.outcome == agent_pb2.OUTCOME_SUSPENDED and end.exit_code == 3
+    state = torch.load(checkpoints / CHECKPOINT_FILE, weights_only=True)
+    assert state["iteration"] == end.iteration >= 1
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (_launch(6, spec_json="{not json"), "invalid spec_json"),
+        (_launch(6, spec={"workload": "no-such-workload"}), "unknown workload"),
+        (_launch(6, ranks=((0, 7),)), "GPU index [7] not on this node"),
+        (_launch(6, ranks=((0, 0), (1, 0))), "a rank or GPU is repeated"),
+        (_launch(6, ranks=()), "assigns no ranks"),
+        (_launch(6, master_port=0), "master_port"),
+    ],
+)
+def test_a_malformed_launch_fails_clearly_and_starts_nothing(
+    supervisor: Supervisor, tmp_path: Path, command: agent_pb2.LaunchCommand, message: str
+) -> None:
+    supervisor.launch(command)
+    end = _next(supervisor)
+    assert isinstance(end, agent_pb2.JobExit) and end.job_id == 6
+    assert end.outcome == agent_pb2.OUTCOME_FAILED and message in end.error_tail
+    assert supervisor.running() == {}
+    assert not (tmp_path / "agent" / "job-6").exists()

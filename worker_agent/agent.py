@@ -1,0 +1,255 @@
+"""The node agent's gRPC client: register with the scheduler, then hold a Connect stream.
+
+The agent dials the scheduler (`jigsaw.v1.AgentService`). On the stream it sends a Hello
+with what still runs here, heartbeats, batched iteration reports, evaluations, log lines
+and job exits, and it hands the scheduler's commands to the `Supervisor`. When the
+scheduler is unreachable or restarting, jobs keep running and the agent redials with
+randomized exponential backoff; a refused token is fatal.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from worker_agent.gpus import GpuSlot, discover
+from worker_agent.outbox import Outbox
+from worker_agent.proto.jigsaw.v1 import agent_pb2, agent_pb2_grpc
+from worker_agent.settings import AgentSettings
+from worker_agent.supervisor import Supervisor, json_object
+
+logger = logging.getLogger(__name__)
+
+AGENT_VERSION = importlib.metadata.version("jigsaw")
+# A wrong token or a request the scheduler can never accept: redialing will not help.
+_FATAL_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+_DEFAULT_HEARTBEAT_SECONDS = 5.0  # if the scheduler does not say
+_REGISTER_TIMEOUT_SECONDS = 30.0
+_BACKOFF_BASE_SECONDS = 0.5
+# HTTP/2 pings find a dead connection that heartbeats alone (small writes into a TCP
+# buffer) would not notice for many minutes. Five minutes is the most frequent ping a
+# gRPC server accepts by default without answering GOAWAY "too_many_pings".
+_CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 300_000), ("grpc.keepalive_timeout_ms", 20_000)]
+
+
+class AgentRejected(RuntimeError):
+    """The scheduler refused this agent (wrong token or invalid registration)."""
+
+
+def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
+    """Serve the scheduler until `stop` is set; then stop every job here and return.
+
+    Raises AgentRejected when the scheduler refuses the agent's token or registration.
+    """
+    slots = discover(settings.gpus)
+    logger.info(
+        "node %s offers %d GPU slot(s): %s",
+        settings.node_name,
+        len(slots),
+        ", ".join(f"{slot.index}={slot.kind}" for slot in slots),
+    )
+    supervisor = Supervisor(
+        slots,
+        settings.work_dir,
+        torch_threads=settings.torch_threads,
+        stop_grace_seconds=settings.stop_grace_seconds,
+    )
+    outbox = Outbox()
+    # Drains the supervisor continuously, also while disconnected, so that the outbox's
+    # bounds (not an unbounded queue) decide what an outage costs.
+    pump = threading.Thread(
+        target=_pump, args=(supervisor, outbox, stop), name="jigsaw-outbox", daemon=True
+    )
+    pump.start()
+    channel = _channel(settings)
+    try:
+        _serve(settings, slots, supervisor, outbox, agent_pb2_grpc.AgentServiceStub(channel), stop)
+    finally:
+        channel.close()
+        supervisor.close()
+        stop.set()  # ends the pump also when the agent was refused
+        pump.join(timeout=5)
+        logger.info("agent stopped")
+
+
+def _serve(
+    settings: AgentSettings,
+    slots: list[GpuSlot],
+    supervisor: Supervisor,
+    outbox: Outbox,
+    stub: agent_pb2_grpc.AgentServiceStub,
+    stop: threading.Event,
+) -> None:
+    attempt = 0
+    while not stop.is_set():
+        started = time.monotonic()
+        try:
+            _session(settings, slots, supervisor, outbox, stub, stop)
+            if not stop.is_set():
+                logger.warning("the scheduler ended the stream; reconnecting")
+        except grpc.RpcError as exc:
+            if stop.is_set():
+                break
+            code, details = exc.code(), exc.details()
+            if code in _FATAL_CODES:
+                logger.error(
+                    "the scheduler at %s refused this agent (%s: %s): check "
+                    "JIGSAW_AGENT_TOKEN / JIGSAW_AGENT_TOKEN_FILE (a cluster token of agent "
+                    "scope) and the node's settings",
+                    settings.scheduler,
+                    code.name,
+                    details,
+                )
+                raise AgentRejected(f"{code.name}: {details}") from exc
+            logger.warning(
+                "scheduler at %s unreachable or the stream broke (%s: %s); jobs keep running",
+                settings.scheduler,
+                code.name,
+                details,
+            )
+        except (OSError, ValueError) as exc:  # e.g. the token file is being rotated
+            logger.error("cannot dial the scheduler: %s", exc)
+        if time.monotonic() - started > settings.reconnect_max_seconds:
+            attempt = 0  # the last session was healthy for a while: start over quickly
+        stop.wait(_backoff(attempt, settings.reconnect_max_seconds))
+        attempt += 1
+
+
+def _backoff(attempt: int, cap: float) -> float:
+    """Exponential backoff with full jitter, so restarted agents do not redial in step."""
+    return random.uniform(0, min(cap, _BACKOFF_BASE_SECONDS * 2**attempt))
+
+
+def _session(
+    settings: AgentSettings,
+    slots: list[GpuSlot],
+    supervisor: Supervisor,
+    outbox: Outbox,
+    stub: agent_pb2_grpc.AgentServiceStub,
+    stop: threading.Event,
+) -> None:
+    """Register, then serve one Connect stream until it ends."""
+    metadata = (("authorization", f"Bearer {settings.bearer_token()}"),)
+    registered = stub.Register(
+        agent_pb2.RegisterRequest(
+            node_name=settings.node_name,
+            gpus=[slot.to_proto() for slot in slots],
+            agent_version=AGENT_VERSION,
+            address=settings.address,
+        ),
+        metadata=metadata,
+        timeout=_REGISTER_TIMEOUT_SECONDS,
+    )
+    heartbeat = registered.heartbeat_interval_seconds or _DEFAULT_HEARTBEAT_SECONDS
+    logger.info(
+        "registered with %s as agent %d of node %d; heartbeat every %.1f s",
+        settings.scheduler,
+        registered.agent_id,
+        registered.node_id,
+        heartbeat,
+    )
+    ended = threading.Event()
+    call = stub.Connect(
+        _requests(settings.node_name, supervisor, outbox, heartbeat, ended), metadata=metadata
+    )
+    canceller = threading.Thread(
+        target=_cancel_on_stop, args=(call, stop, ended), name="jigsaw-cancel", daemon=True
+    )
+    canceller.start()
+    try:
+        for message in call:
+            _dispatch(message, supervisor)
+    finally:
+        ended.set()
+        outbox.wake()  # the request generator stops taking messages for a dead stream
+        canceller.join()
+
+
+def _requests(
+    node_name: str,
+    supervisor: Supervisor,
+    outbox: Outbox,
+    heartbeat: float,
+    ended: threading.Event,
+) -> Iterator[agent_pb2.AgentMessage]:
+    running = [
+        agent_pb2.RunningJob(
+            job_id=job_id,
+            ranks=[
+                agent_pb2.RankAssignment(rank=rank, gpu_index=gpu) for rank, gpu in ranks.items()
+            ],
+        )
+        for job_id, ranks in supervisor.running().items()
+    ]
+    hello = agent_pb2.Hello(node_name=node_name, running=running, exits=outbox.take_exits())
+    yield agent_pb2.AgentMessage(hello=hello)
+    next_heartbeat = time.monotonic() + heartbeat
+    while not ended.is_set():
+        message = outbox.next_message(max(next_heartbeat - time.monotonic(), 0.0), ended)
+        if message is not None:
+            yield message
+        if time.monotonic() >= next_heartbeat:
+            yield agent_pb2.AgentMessage(heartbeat=agent_pb2.Heartbeat())
+            next_heartbeat = time.monotonic() + heartbeat
+
+
+def _cancel_on_stop(call: grpc.Future, stop: threading.Event, ended: threading.Event) -> None:
+    while not ended.is_set():
+        if stop.wait(0.2):
+            call.cancel()
+            return
+
+
+def _dispatch(message: agent_pb2.SchedulerMessage, supervisor: Supervisor) -> None:
+    kind = message.WhichOneof("command")
+    if kind == "launch":
+        supervisor.launch(message.launch)
+    elif kind == "resume":
+        supervisor.launch(message.resume)
+    elif kind == "stop":
+        supervisor.stop(message.stop.job_id, message.stop.reason)
+    elif kind == "suspend":
+        supervisor.suspend(message.suspend.job_id)
+    elif kind == "reconfigure":
+        command = message.reconfigure
+        try:
+            config = json_object(command.config_json, "config_json")
+        except ValueError as exc:
+            logger.error("job %d: reconfiguration ignored: %s", command.job_id, exc)
+            return
+        supervisor.reconfigure(command.job_id, command.config_version, config)
+    else:
+        logger.warning("unknown command from the scheduler (newer protocol?): %s", kind)
+
+
+def _pump(supervisor: Supervisor, outbox: Outbox, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            item = supervisor.outbound.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        outbox.put(item)
+
+
+def _channel(settings: AgentSettings) -> grpc.Channel:
+    if settings.tls_ca is None:
+        return grpc.insecure_channel(settings.scheduler, options=_CHANNEL_OPTIONS)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=settings.tls_ca.read_bytes(),
+        private_key=settings.tls_key.read_bytes() if settings.tls_key else None,
+        certificate_chain=settings.tls_cert.read_bytes() if settings.tls_cert else None,
+    )
+    return grpc.secure_channel(settings.scheduler, credentials, options=_CHANNEL_OPTIONS)

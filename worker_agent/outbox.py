@@ -1,0 +1,128 @@
+"""What the agent still has to tell the scheduler, kept across reconnections.
+
+Iteration records are batched across jobs (one `IterationReports` per flush). While the
+scheduler is unreachable, records, evaluations and log lines are buffered up to a bound
+(the oldest are dropped and counted); job exits are never dropped.
+
+The protocol has no acknowledgements: a message written just before a stream broke may be
+lost with it. Exits are not sent again on the next stream, since a stale exit could end a
+later run of the job; the scheduler instead learns from the next Hello that the job's
+processes are gone here. Exits that were never sent travel in that Hello.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TypeVar
+
+from worker_agent.proto.jigsaw.v1 import agent_pb2
+from worker_agent.supervisor import Outbound
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class Outbox:
+    def __init__(
+        self,
+        *,
+        batch_records: int = 512,
+        batch_seconds: float = 0.5,
+        max_records: int = 20_000,
+        max_other: int = 2_000,
+    ) -> None:
+        self._batch_records = batch_records
+        self._batch_seconds = batch_seconds
+        self._max_records = max_records
+        self._max_other = max_other
+        self._changed = threading.Condition()
+        self._records: deque[tuple[int, agent_pb2.IterationRecord]] = deque()
+        self._records_since: float | None = None  # when the oldest unsent record came
+        self._other: deque[agent_pb2.Evaluation | agent_pb2.LogTail] = deque()
+        self._exits: deque[agent_pb2.JobExit] = deque()
+        self.dropped = 0
+
+    def put(self, item: Outbound) -> None:
+        with self._changed:
+            if isinstance(item, agent_pb2.JobExit):
+                self._exits.append(item)
+            elif isinstance(item, agent_pb2.JobIterations):
+                if self._records_since is None:
+                    self._records_since = time.monotonic()
+                for record in item.records:
+                    self._append_bounded(self._records, (item.job_id, record), self._max_records)
+            else:
+                self._append_bounded(self._other, item, self._max_other)
+            self._changed.notify_all()
+
+    def next_message(
+        self, timeout: float, abandon: threading.Event
+    ) -> agent_pb2.AgentMessage | None:
+        """The next message to send, waiting up to `timeout`; None once `abandon` is set.
+
+        Due iteration records go first, and always before exits, so that the scheduler
+        has a job's last iterations when its exit arrives.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not abandon.is_set():
+                now = time.monotonic()
+                if self._records and (self._records_due(now) or self._exits):
+                    return self._take_reports()
+                if self._other:
+                    other = self._other.popleft()
+                    if isinstance(other, agent_pb2.Evaluation):
+                        return agent_pb2.AgentMessage(evaluation=other)
+                    return agent_pb2.AgentMessage(log=other)
+                if self._exits:
+                    return agent_pb2.AgentMessage(exit=self._exits.popleft())
+                if now >= deadline:
+                    return None
+                wake = deadline
+                if self._records_since is not None:
+                    wake = min(wake, self._records_since + self._batch_seconds)
+                self._changed.wait(max(wake - now, 0.0))
+            return None
+
+    def take_exits(self) -> list[agent_pb2.JobExit]:
+        """Every exit not yet sent, for the next Hello (see agent.proto)."""
+        with self._changed:
+            exits = list(self._exits)
+            self._exits.clear()
+            return exits
+
+    def wake(self) -> None:
+        """Make waiting `next_message` calls look at their `abandon` event now."""
+        with self._changed:
+            self._changed.notify_all()
+
+    def _records_due(self, now: float) -> bool:
+        assert self._records_since is not None
+        return (
+            len(self._records) >= self._batch_records
+            or now - self._records_since >= self._batch_seconds
+        )
+
+    def _take_reports(self) -> agent_pb2.AgentMessage:
+        by_job: dict[int, agent_pb2.JobIterations] = {}
+        for _ in range(min(self._batch_records, len(self._records))):
+            job_id, record = self._records.popleft()
+            by_job.setdefault(job_id, agent_pb2.JobIterations(job_id=job_id)).records.append(record)
+        self._records_since = time.monotonic() if self._records else None
+        return agent_pb2.AgentMessage(reports=agent_pb2.IterationReports(jobs=by_job.values()))
+
+    def _append_bounded(self, buffer: deque[_T], item: _T, bound: int) -> None:
+        if len(buffer) >= bound:
+            buffer.popleft()
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                logger.warning(
+                    "the scheduler is not keeping up or unreachable: %d buffered reports and "
+                    "log lines dropped so far (oldest first)",
+                    self.dropped,
+                )
+        buffer.append(item)

@@ -1,0 +1,118 @@
+"""Settings of the worker agent, read from `JIGSAW_AGENT_*` environment variables."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, PositiveInt, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from scheduler.settings import HomeSettings
+
+
+def default_work_dir() -> Path:
+    return HomeSettings().home / "agent"
+
+
+class AgentSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_AGENT_", extra="ignore")
+
+    scheduler: str = Field(
+        default="127.0.0.1:8266",
+        description="host:port of the scheduler's gRPC endpoint for agents (JIGSAW_GRPC_*).",
+    )
+    token: SecretStr | None = Field(
+        default=None,
+        description="The cluster token (agent scope), sent as `authorization: Bearer` on "
+        "every call. Set this or token_file.",
+    )
+    token_file: Path | None = Field(
+        default=None,
+        description="A file holding the cluster token (e.g. a mounted Kubernetes secret); "
+        "read again at every (re)registration, so a rotated token is picked up.",
+    )
+    node_name: str = Field(
+        default_factory=socket.gethostname,
+        min_length=1,
+        description="This node's unique name in the cluster; the host name by default.",
+    )
+    address: str = Field(
+        default="127.0.0.1",
+        description="Host or IP other nodes use to reach this node for torch.distributed "
+        "rendezvous; the default only works for single-node clusters.",
+    )
+    gpus: Literal["auto"] | PositiveInt = Field(
+        default="auto",
+        description="`auto`: this node's CUDA devices, or up to 4 virtual CPU slots without "
+        "CUDA (see worker_agent.gpus); N: N virtual CPU slots.",
+    )
+    work_dir: Path = Field(
+        default_factory=default_work_dir,
+        description="Per-node directory for worker config files and per-rank log files "
+        "(`job-<id>/`); `$JIGSAW_HOME/agent` by default.",
+    )
+    torch_threads: PositiveInt = Field(
+        default=1, description="CPU threads each training process uses (torch, OpenMP, MKL)."
+    )
+    tls_ca: Path | None = Field(
+        default=None,
+        description="PEM CA bundle that signed the scheduler's certificate; set alone for "
+        "server-verified TLS. Unset dials in plaintext.",
+    )
+    tls_cert: Path | None = Field(
+        default=None,
+        description="PEM client certificate chain for mutual TLS (with tls_key and tls_ca).",
+    )
+    tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
+    reconnect_max_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Cap of the randomized exponential backoff between reconnection attempts "
+        "while the scheduler is unreachable (the jobs keep running meanwhile).",
+    )
+    stop_grace_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="Time between SIGTERM and SIGKILL when stopping a job's processes.",
+    )
+    warm_workers: int = Field(
+        default=0,
+        ge=0,
+        description="Worker processes kept pre-started with torch imported, so that a launch "
+        "skips the import (not implemented yet: must be 0).",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AgentSettings:
+        if (self.token is None) == (self.token_file is None):
+            raise ValueError(
+                "set exactly one of JIGSAW_AGENT_TOKEN and JIGSAW_AGENT_TOKEN_FILE "
+                "(the cluster token the scheduler accepts from agents)"
+            )
+        if self.token is not None and not self.token.get_secret_value().strip():
+            raise ValueError("JIGSAW_AGENT_TOKEN is empty")
+        if self.token_file is not None and not self.token_file.is_file():
+            raise ValueError(f"token_file {self.token_file} is not a readable file")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("set both tls_cert and tls_key, or neither")
+        if self.tls_cert is not None and self.tls_ca is None:
+            raise ValueError("mutual TLS (tls_cert, tls_key) needs tls_ca to verify the scheduler")
+        for name in ("tls_ca", "tls_cert", "tls_key"):
+            path = getattr(self, name)
+            if path is not None and not path.is_file():
+                raise ValueError(f"{name} {path} is not a readable file")
+        if self.warm_workers:
+            raise ValueError("warm_workers is not implemented yet: leave it at 0")
+        return self
+
+    def bearer_token(self) -> str:
+        """The cluster token, read from token_file each call so rotations apply."""
+        if self.token is not None:
+            return self.token.get_secret_value()
+        assert self.token_file is not None  # the validator guarantees one of them
+        token = self.token_file.read_text().strip()
+        if not token:
+            raise ValueError(f"token_file {self.token_file} is empty")
+        return token

@@ -1,0 +1,558 @@
+"""Runs and supervises the training processes of this node's jobs. Knows nothing of gRPC.
+
+One worker process per rank (`python -m worker_agent.runtime.worker`), each in its own
+process group. The supervisor holds the `multiprocessing.connection` Listener the workers
+dial (`runtime/protocol.py`): it answers rank 0's boundary checks from what the scheduler
+last said about the job, and turns reports, evaluations, output lines and process exits
+into messages on `outbound`, ready for the scheduler:
+
+    agent_pb2.JobIterations | Evaluation | LogTail | JobExit (one per job, last)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import queue
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Client, Connection, Listener
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from scheduler.jobspec import JobSpec
+from worker_agent.gpus import GpuSlot
+from worker_agent.proto.jigsaw.v1 import agent_pb2
+from worker_agent.runtime.config import WorkerConfig
+from worker_agent.runtime.protocol import EXIT_CODES, Action, Decision, Outcome
+
+logger = logging.getLogger(__name__)
+
+Outbound = agent_pb2.JobIterations | agent_pb2.Evaluation | agent_pb2.LogTail | agent_pb2.JobExit
+
+_AUTHKEY_ENV = "JIGSAW_WORKER_AUTHKEY"
+# The agent's own settings (the cluster token among them) must not reach user code.
+_PRIVATE_ENV_PREFIX = "JIGSAW_AGENT_"
+_ERROR_TAIL_CHARS = 4000
+_MAX_LOG_LINE_CHARS = 8192
+_LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+# A worker sends its exit message right before exiting; after the process is gone, its
+# connection may still wait in the Listener's backlog or hold that unread last message.
+_CONNECT_GRACE_SECONDS = 1.0
+_DISCONNECT_GRACE_SECONDS = 10.0
+
+_OUTCOME_OF_CODE = {code: outcome for outcome, code in EXIT_CODES.items()}
+_PROTO_OUTCOME = {
+    Outcome.SUCCEEDED: agent_pb2.OUTCOME_SUCCEEDED,
+    Outcome.FAILED: agent_pb2.OUTCOME_FAILED,
+    Outcome.SUSPENDED: agent_pb2.OUTCOME_SUSPENDED,
+    Outcome.STOPPED: agent_pb2.OUTCOME_STOPPED,
+}
+
+_CAN_WAIT_UNREAPED = hasattr(os, "waitid")
+_PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+class LaunchError(ValueError):
+    """A launch command this node cannot carry out; the job's exit says why."""
+
+
+@dataclass
+class _Rank:
+    rank: int
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    gpu_index: int
+    reaped: bool = False  # from then on its pid (and process group id) may be reused
+    returncode: int | None = None  # set once reaped and its output and messages are in
+    exit_message: dict[str, Any] | None = None
+    connected: threading.Event = field(default_factory=threading.Event)
+    disconnected: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Job:
+    job_id: int
+    iteration: int  # the last boundary reported
+    config_version: int
+    config: dict[str, Any]
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    action: Action = Action.CONTINUE
+    stop_requested: bool = False
+    failure: str | None = None  # why the agent failed the job itself
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        slots: list[GpuSlot],
+        work_dir: Path,
+        *,
+        torch_threads: int = 1,
+        stop_grace_seconds: float = 10.0,
+    ) -> None:
+        self.outbound: queue.Queue[Outbound] = queue.Queue()
+        self._slots = {slot.index: slot for slot in slots}
+        self._work_dir = work_dir
+        self._torch_threads = torch_threads
+        self._stop_grace_seconds = stop_grace_seconds
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._jobs: dict[int, _Job] = {}
+        self._authkey = secrets.token_hex(32)
+        # Loopback only, and every connection must prove it knows the authkey (HMAC).
+        self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey.encode())
+        self._closing = False
+        # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so every
+        # worker is forked by this one thread, which lives as long as the supervisor.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-spawner")
+        self._acceptor = threading.Thread(target=self._accept, name="jigsaw-accept", daemon=True)
+        self._acceptor.start()
+
+    @property
+    def control_address(self) -> str:
+        host, port = self._listener.address
+        return f"{host}:{port}"
+
+    # ------------------------------------------------------------------ commands
+
+    def launch(self, command: agent_pb2.LaunchCommand) -> None:
+        """Start this node's ranks of a job (a resume is a launch with start_iteration > 0).
+
+        A launch for a job already running here is ignored; one that cannot be carried out
+        ends the job at once with a FAILED exit that says why.
+        """
+        with self._lock:
+            if command.job_id in self._jobs:
+                logger.warning("job %d already runs here: launch ignored", command.job_id)
+                return
+            try:
+                configs = self._worker_configs(command)
+                config = json_object(command.spb_json or "{}", "spb_json")
+            except ValueError as exc:  # a LaunchError, or spb_json that is no JSON object
+                self._fail_before_start(command.job_id, str(exc))
+                return
+            job = _Job(command.job_id, command.start_iteration, command.config_version, config)
+            self._jobs[job.job_id] = job
+            self._spawn(job, configs, {a.rank: a.gpu_index for a in command.ranks})
+
+    def stop(self, job_id: int, reason: str = "") -> None:
+        """End the job's processes: SIGTERM now, SIGKILL after the grace period."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                logger.info("stop of job %d, which does not run here: nothing to do", job_id)
+                return
+            logger.info("stopping job %d%s", job_id, f": {reason}" if reason else "")
+            job.stop_requested = True
+            job.action = Action.STOP
+            _signal_ranks(job, signal.SIGTERM)
+        timer = threading.Timer(self._stop_grace_seconds, self._kill, args=(job,))
+        timer.daemon = True
+        timer.start()
+
+    def suspend(self, job_id: int) -> None:
+        """Rank 0 checkpoints at its next boundary; then every rank exits (code 3)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                logger.warning("suspend of job %d, which does not run here: ignored", job_id)
+            elif job.action is Action.CONTINUE:
+                job.action = Action.SUSPEND
+
+    def reconfigure(self, job_id: int, config_version: int, config: dict[str, Any]) -> None:
+        """The next boundary check of the job returns this configuration."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                logger.warning("reconfigure of job %d, which does not run here: ignored", job_id)
+            elif config_version <= job.config_version:
+                logger.warning(
+                    "job %d: configuration version %d is not newer than %d: ignored",
+                    job_id,
+                    config_version,
+                    job.config_version,
+                )
+            else:
+                job.config_version, job.config = config_version, dict(config)
+
+    def running(self) -> dict[int, dict[int, int]]:
+        """The jobs with processes on this node: rank -> GPU index of each."""
+        with self._lock:
+            return {
+                job_id: {r: rank.gpu_index for r, rank in sorted(job.ranks.items())}
+                for job_id, job in self._jobs.items()
+            }
+
+    def pids(self, job_id: int) -> dict[int, int]:
+        """Rank -> process id of the job's workers here (for diagnostics and tests)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            return {r: rank.process.pid for r, rank in job.ranks.items()} if job else {}
+
+    def close(self) -> None:
+        """Stop every job, wait for its processes to be gone, and stop listening."""
+        for job_id in self.running():
+            self.stop(job_id, "the agent is shutting down")
+        with self._changed:
+            if not self._changed.wait_for(
+                lambda: not self._jobs, timeout=self._stop_grace_seconds + 30
+            ):
+                logger.error("processes of jobs %s did not end", sorted(self._jobs))
+        self._closing = True
+        # Wake the accepting thread out of accept() with a connection of our own.
+        Client(self._listener.address, authkey=self._authkey.encode()).close()
+        self._acceptor.join(timeout=10)
+        self._listener.close()
+        self._spawner.shutdown()
+
+    # ------------------------------------------------------------------ launching
+
+    def _worker_configs(self, command: agent_pb2.LaunchCommand) -> list[WorkerConfig]:
+        """Every rank's configuration, or a LaunchError before anything starts."""
+        if not command.ranks:
+            raise LaunchError("the launch assigns no ranks to this node")
+        if not command.master_addr:
+            raise LaunchError("the launch has no master_addr")
+        try:
+            spec = JobSpec.model_validate_json(command.spec_json)
+        except ValidationError as exc:
+            raise LaunchError(f"invalid spec_json: {exc}") from exc
+        indices = [assignment.gpu_index for assignment in command.ranks]
+        ranks = [assignment.rank for assignment in command.ranks]
+        unknown = sorted(set(indices) - set(self._slots))
+        if unknown:
+            raise LaunchError(
+                f"GPU index {unknown} not on this node, which has {sorted(self._slots)}"
+            )
+        if len(set(indices)) < len(indices) or len(set(ranks)) < len(ranks):
+            raise LaunchError(f"ranks {ranks} on GPUs {indices}: a rank or GPU is repeated")
+        busy = {
+            rank.gpu_index: job.job_id for job in self._jobs.values() for rank in job.ranks.values()
+        }
+        taken = {index: busy[index] for index in indices if index in busy}
+        if taken:
+            raise LaunchError(f"GPUs busy with other jobs (GPU index: job id): {taken}")
+        try:
+            return [
+                WorkerConfig(
+                    job_id=command.job_id,
+                    workload=spec.workload,
+                    hyperparameters=spec.hyperparameters,
+                    rank=assignment.rank,
+                    world_size=command.world_size,
+                    master_addr=command.master_addr,
+                    master_port=command.master_port,
+                    device=self._slots[assignment.gpu_index].device,
+                    # The spec has no seed; the job id is the same on every rank and resume.
+                    seed=command.job_id,
+                    max_iterations=spec.max_iterations,
+                    target_metric=spec.target_metric,
+                    checkpoint_dir=Path(command.checkpoint_dir) if command.checkpoint_dir else None,
+                    checkpoint_every=command.checkpoint_every or None,
+                    data_dir=self._work_dir / "data",
+                    torch_threads=self._torch_threads,
+                )
+                for assignment in command.ranks
+            ]
+        except ValidationError as exc:
+            raise LaunchError(f"invalid launch: {exc}") from exc
+
+    def _spawn(self, job: _Job, configs: list[WorkerConfig], gpu_of_rank: dict[int, int]) -> None:
+        directory = self._work_dir / f"job-{job.job_id}"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            for config in configs:
+                config_path = directory / f"rank-{config.rank}.json"
+                config_path.write_text(config.model_dump_json(indent=2))
+                process = self._spawner.submit(self._popen, config_path).result()
+                log_path = directory / f"rank-{config.rank}.log"
+                rank = _Rank(config.rank, process, log_path, gpu_of_rank[config.rank])
+                job.ranks[config.rank] = rank
+                for target in (self._forward_output, self._watch):
+                    threading.Thread(
+                        target=target,
+                        args=(job, rank),
+                        name=f"jigsaw-job-{job.job_id}-rank-{rank.rank}-{target.__name__}",
+                        daemon=True,
+                    ).start()
+            logger.info(
+                "job %d: started ranks %s from iteration %d",
+                job.job_id,
+                sorted(job.ranks),
+                job.iteration,
+            )
+        except OSError as exc:
+            job.failure = f"could not start the job's processes: {exc}"
+            logger.error("job %d: %s", job.job_id, job.failure)
+            if not job.ranks:
+                del self._jobs[job.job_id]
+                self.outbound.put(_failed_exit(job.job_id, job.failure))
+                return
+            _signal_ranks(job, signal.SIGKILL)
+
+    def _popen(self, config_path: Path) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV_PREFIX)}
+        threads = str(self._torch_threads)
+        env.update(
+            {
+                _AUTHKEY_ENV: self._authkey,  # the environment, never argv (ps shows argv)
+                "OMP_NUM_THREADS": threads,
+                "MKL_NUM_THREADS": threads,
+                "PYTHONUNBUFFERED": "1",  # output lines reach the log as they are written
+            }
+        )
+        # The working directory stays the agent's, so that a user trial `module:Class`
+        # imports in the worker exactly as it would in the agent.
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "worker_agent.runtime.worker",
+                "--config",
+                str(config_path),
+                "--control",
+                self.control_address,
+                "--authkey-env",
+                _AUTHKEY_ENV,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            # Its own process group: a stop signals the worker and whatever it started.
+            start_new_session=True,
+            preexec_fn=_die_with_parent if _LIBC is not None else None,
+        )
+
+    def _fail_before_start(self, job_id: int, message: str) -> None:
+        logger.error("job %d: launch refused: %s", job_id, message)
+        self.outbound.put(_failed_exit(job_id, message))
+
+    def _kill(self, job: _Job) -> None:
+        with self._lock:
+            _signal_ranks(job, signal.SIGKILL)
+
+    # ------------------------------------------------------------------ per process
+
+    def _forward_output(self, job: _Job, rank: _Rank) -> None:
+        """Append the worker's stdout and stderr to its log file and forward each line."""
+        assert rank.process.stdout is not None
+        with rank.process.stdout as output, rank.log_path.open("ab") as log:
+            for line in output:
+                log.write(line)
+                log.flush()
+                text = line.decode(errors="replace").rstrip()
+                if text:
+                    level = _LEVEL.search(text)
+                    self.outbound.put(
+                        agent_pb2.LogTail(
+                            job_id=job.job_id,
+                            rank=rank.rank,
+                            level=level.group(1) if level else "INFO",
+                            message=text[:_MAX_LOG_LINE_CHARS],
+                        )
+                    )
+
+    def _watch(self, job: _Job, rank: _Rank) -> None:
+        """Wait for the worker to exit, reap it, and end the job after its last rank."""
+        process = rank.process
+        # Wait without reaping: while the worker is a zombie its pid still names its
+        # process group, so leftovers of the group can be killed without hitting a
+        # stranger that reused the pid. (Python 3.11 has no waitid on macOS, a dev box
+        # only: there leftovers are not killed.)
+        if _CAN_WAIT_UNREAPED:
+            os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+        else:
+            process.wait()
+        with self._lock:
+            if _CAN_WAIT_UNREAPED:
+                _signal_group(process.pid, signal.SIGKILL)
+            returncode = process.wait()
+            rank.reaped = True
+        if rank.connected.wait(_CONNECT_GRACE_SECONDS):
+            rank.disconnected.wait(_DISCONNECT_GRACE_SECONDS)
+        with self._changed:
+            rank.returncode = returncode
+            if all(other.returncode is not None for other in job.ranks.values()):
+                del self._jobs[job.job_id]
+                self.outbound.put(_job_exit(job))
+                self._changed.notify_all()
+
+    # ------------------------------------------------------------------ the protocol
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection = self._listener.accept()
+            except Exception as exc:  # noqa: BLE001 - a bad client must not stop the agent
+                if self._closing:
+                    return
+                logger.warning("refused a worker connection: %s", exc)
+                continue
+            if self._closing:
+                connection.close()
+                return
+            threading.Thread(
+                target=self._serve, args=(connection,), name="jigsaw-worker-conn", daemon=True
+            ).start()
+
+    def _serve(self, connection: Connection) -> None:
+        with connection:
+            try:
+                hello = connection.recv()
+                with self._lock:
+                    job = self._jobs.get(hello["job_id"])
+                    rank = job.ranks.get(hello["rank"]) if job is not None else None
+                if job is None or rank is None or rank.process.pid != hello["pid"]:
+                    logger.warning("a worker that is not ours said hello: %s", hello)
+                    return
+                rank.connected.set()
+                try:
+                    while True:
+                        reply = self._handle(job, rank, connection.recv())
+                        if reply is not None:
+                            connection.send(reply)
+                finally:
+                    rank.disconnected.set()
+            except (EOFError, ConnectionResetError):
+                return  # the worker closed its end or died: it has said everything
+            except (OSError, KeyError, TypeError) as exc:
+                logger.warning("dropped a worker connection: %r", exc)
+
+    def _handle(self, job: _Job, rank: _Rank, message: dict[str, Any]) -> dict[str, Any] | None:
+        kind = message["type"]
+        if kind == "check":
+            with self._lock:
+                decision = Decision(
+                    job.action,
+                    job.config_version,
+                    job.config,
+                    # Asked again at every boundary, so commands apply at the next one.
+                    lease_until=message["iteration"] + 1,
+                )
+            return decision.to_message()
+        if kind == "report":
+            records = [agent_pb2.IterationRecord(**record) for record in message["records"]]
+            if records:
+                with self._lock:
+                    job.iteration = max(job.iteration, records[-1].iteration)
+                self.outbound.put(agent_pb2.JobIterations(job_id=job.job_id, records=records))
+        elif kind == "evaluation":
+            metrics = {name: float(value) for name, value in message["metrics"].items()}
+            if rank.rank == 0:
+                with self._lock:
+                    job.metrics = metrics
+            self.outbound.put(
+                agent_pb2.Evaluation(
+                    job_id=job.job_id, iteration=message["iteration"], metrics=metrics
+                )
+            )
+        elif kind == "exit":
+            with self._lock:
+                rank.exit_message = message
+                job.iteration = max(job.iteration, message["iteration"])
+        else:
+            logger.warning("job %d rank %d: unknown message %r", job.job_id, rank.rank, kind)
+        return None
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec.
+
+    A SIGKILLed agent cannot stop its workers, which would train on as orphans holding
+    their GPUs; with PDEATHSIG the kernel kills each worker when the agent dies.
+    """
+    assert _LIBC is not None
+    if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+
+
+def _signal_ranks(job: _Job, signum: signal.Signals) -> None:
+    """Signal the process group of every rank not yet reaped (caller holds the lock)."""
+    for rank in job.ranks.values():
+        if not rank.reaped:
+            _signal_group(rank.process.pid, signum)
+
+
+def _signal_group(pid: int, signum: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the group is already empty
+        os.killpg(pid, signum)
+
+
+def json_object(text: str, name: str) -> dict[str, Any]:
+    """`text` parsed as a JSON object, or a ValueError naming `name`."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{name} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, not {type(value).__name__}")
+    return value
+
+
+def _failed_exit(job_id: int, message: str) -> agent_pb2.JobExit:
+    return agent_pb2.JobExit(job_id=job_id, outcome=agent_pb2.OUTCOME_FAILED, error_tail=message)
+
+
+def _job_exit(job: _Job) -> agent_pb2.JobExit:
+    """One exit for all of a job's ranks on this node."""
+    ranks = [job.ranks[rank] for rank in sorted(job.ranks)]
+    codes = [rank.returncode if rank.returncode is not None else -1 for rank in ranks]
+    exit_code = next((code for code in codes if code), 0)
+    # Any other code (a crash, a signal, argparse's 2) is a failure.
+    outcomes = [_OUTCOME_OF_CODE.get(code, Outcome.FAILED) for code in codes]
+    failing = next((r for r, o in zip(ranks, outcomes, strict=True) if o is Outcome.FAILED), None)
+    error_tail = ""
+    if job.failure is not None:
+        outcome, error_tail = Outcome.FAILED, job.failure
+    elif job.stop_requested:
+        outcome = Outcome.SUCCEEDED if set(outcomes) == {Outcome.SUCCEEDED} else Outcome.STOPPED
+    elif failing is not None:
+        outcome, error_tail = Outcome.FAILED, _error_tail(failing)
+    elif len(set(outcomes)) == 1:
+        outcome = outcomes[0]
+    else:
+        outcome = Outcome.FAILED
+        error_tail = "ranks ended differently: " + ", ".join(
+            f"rank {rank.rank} exit code {rank.returncode}" for rank in ranks
+        )
+    iterations = [rank.exit_message["iteration"] for rank in ranks if rank.exit_message]
+    logger.info("job %d: %s (exit codes %s)", job.job_id, outcome.value, codes)
+    return agent_pb2.JobExit(
+        job_id=job.job_id,
+        outcome=_PROTO_OUTCOME[outcome],
+        exit_code=exit_code,
+        iteration=max(iterations, default=job.iteration),
+        error_tail=error_tail,
+        metrics=job.metrics,
+    )
+
+
+def _error_tail(rank: _Rank) -> str:
+    """The worker's own account of its failure, else the end of its log."""
+    if rank.exit_message and rank.exit_message.get("error_tail"):
+        return str(rank.exit_message["error_tail"])[-_ERROR_TAIL_CHARS:]
+    try:
+        with rank.log_path.open("rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - _ERROR_TAIL_CHARS))
+            tail = log.read().decode(errors="replace")
+    except OSError as exc:
+        tail = f"(no log: {exc})"
+    return f"rank {rank.rank} exited with code {rank.returncode}\n{tail}"
