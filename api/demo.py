@@ -45,7 +45,7 @@ DEMO_JOBS: list[dict[str, Any]] = [
         "max_iterations": 300,
     },
     {
-        "name": "transformer-2-nodes",
+        "name": "lm-2-agents",
         "workload": "text-transformer",
         "workers": 3,
         "hyperparameters": {"batch_size": 48, "learning_rate": 0.003, "optimizer": "adam"},
@@ -59,7 +59,7 @@ DEMO_JOBS: list[dict[str, Any]] = [
         "max_iterations": 200,
     },
     {
-        "name": "resnet-synthetic",
+        "name": "resnet",
         "workload": "resnet-synthetic",
         "workers": 1,
         "hyperparameters": {"batch_size": 32},
@@ -147,19 +147,21 @@ def _wait_ready(process: subprocess.Popen[bytes], workdir: Path, log: Path) -> C
 
 def _progress_table(jobs: list[dict[str, Any]], state_style: Callable[[str], str]) -> Table:
     table = Table(title="jobs (Ctrl-C to stop)", title_justify="left", header_style="bold")
-    for column in ("ID", "NAME", "STATE", "GPUS", "PROGRESS", "METRICS", "MESSAGE"):
+    for column in ("ID", "NAME", "STATE", "GPUS", "PROGRESS", "LAST EVALUATION"):
         table.add_column(column)
     for job in jobs:
         spec = job.get("spec") or {}
         done, total = job.get("iterations_done", 0), spec.get("max_iterations") or 0
+        state = state_style(str(job.get("state")))
+        if job.get("state") == "FAILED":
+            state += "\n" + escape(str(job.get("message") or "")[-200:])
         table.add_row(
             str(job.get("id")),
             escape(str(job.get("name"))),
-            state_style(str(job.get("state"))),
+            state,
             str(job.get("workers")),
             f"{done}/{total}" if total else str(done),
             _metrics_text(job.get("metrics") or {}),
-            escape(str(job.get("message") or "")[-60:]),
         )
     return table
 

@@ -314,3 +314,16 @@ def test_client_errors_and_retries() -> None:
 
     text = httpx.Response(502, text="bad gateway")
     assert str(ApiError.from_response(text)) == "bad gateway (HTTP 502)"
+
+
+def test_demo_trains_every_job_to_success_on_two_real_agents(tmp_path: Path) -> None:
+    """The README's demo command, as a user runs it (minus the install)."""
+    result = cli(tmp_path, "demo", "--home", str(tmp_path / "demo"), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = result.stdout[result.stdout.rindex("summary") :]
+    for name in ("digits-mlp", "lm-2-agents", "digits-cnn", "resnet"):
+        assert name in summary
+    assert summary.count("SUCCEEDED") == 4
+    assert "API on http://127.0.0.1:" in result.stdout
+    server_log = (tmp_path / "demo" / "server.log").read_text()
+    assert "Traceback" not in server_log, server_log[-3000:]
