@@ -45,6 +45,13 @@ class TinyTrial(Trial):
         return {"mse": F.mse_loss(model(self.inputs), self.targets).item()}
 
 
+class CrashingTrial(TinyTrial):
+    """A user trial whose loss raises."""
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        raise RuntimeError("the user's loss exploded")
+
+
 class NotATrial:
     """Importable, but not a Trial."""
 

@@ -8,6 +8,7 @@ twice would double the slowest part of the suite for little more coverage.
 from __future__ import annotations
 
 import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import torch
 
 from tests.cluster import CHECKPOINT_EVERY, cluster, ended, kill, wait_for, worker_pids
 from tests.runtime_helpers import run_gang
+from tests.servers import JIGSAW, clean_env
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.config import WorkerConfig
 
@@ -71,6 +73,14 @@ def test_three_jobs_train_to_success_across_two_agents(
                     "max_iterations": 30,
                 }
             )["id"]
+            crash = client.submit(
+                {
+                    "name": "crash",
+                    "workload": "tests.runtime_helpers:CrashingTrial",
+                    "max_iterations": 10,
+                    "max_retries": 1,
+                }
+            )["id"]
             jobs = {
                 job_id: c.wait_job(job_id, ended, "ended") for job_id in (spanning, digits, cnn)
             }
@@ -87,6 +97,21 @@ def test_three_jobs_train_to_success_across_two_agents(
                 assert series[-1]["samples_per_second"] > 0
             lines = [line["message"] for line in client.logs(spanning)["items"]]
             assert any("succeeded at iteration 40" in line for line in lines), lines
+
+            # A crashing trial is retried once, then fails with the error.
+            failed = c.wait_job(crash, ended, "ended")
+            assert (failed["state"], failed["failures"], failed["attempts"]) == ("FAILED", 1, 2)
+            assert "the user's loss exploded" in failed["message"]
+
+        logs = subprocess.run(
+            [*JIGSAW, "logs", str(crash)],
+            env=clean_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert logs.returncode == 0, logs.stderr
+        assert "RuntimeError: the user's loss exploded" in logs.stdout
         assert worker_pids(tmp_path) == []
 
 

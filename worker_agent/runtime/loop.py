@@ -25,10 +25,10 @@ from worker_agent.runtime.reporting import ReportBuffer
 from worker_agent.runtime.sampling import DataPosition, ShardedBatches
 from worker_agent.runtime.timing import (
     CommMeter,
-    CpuUtilization,
     DeviceClock,
     Mark,
     peak_memory_bytes,
+    utilization_meter,
 )
 from worker_agent.runtime.trial import TrialContext
 from worker_agent.runtime.workloads import load_trial
@@ -135,7 +135,7 @@ class _Training:
         self._reports = ReportBuffer(
             controller, config.report_every_iterations, config.report_every_seconds
         )
-        self._utilization = CpuUtilization() if device.type == "cpu" else None
+        self._utilization = utilization_meter(device)
         self._config_version = 0
         self._decision: Decision | None = None  # rank 0's, for the coming boundary
         self._metrics: dict[str, float] = {}
@@ -221,7 +221,7 @@ class _Training:
             comm_seconds=comm,
             samples_per_second=self._global_batch / step,
             loss=mean_loss,
-            utilization=self._utilization.sample() if self._utilization is not None else None,
+            utilization=self._utilization.sample(),
             peak_memory_bytes=peak_memory_bytes(self._device),
             bytes_communicated=self._comm.bytes,
         )

@@ -94,3 +94,25 @@ class CpuUtilization:
         utilization = (cpu - self._cpu) / max(wall - self._wall, 1e-9) / torch.get_num_threads()
         self._cpu, self._wall = cpu, wall
         return utilization
+
+
+class CudaUtilization:
+    """NVML's GPU utilization (percent of time a kernel ran, over its last sample period),
+    through torch, which needs the `pynvml` module; None when NVML is not available."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._available = True
+
+    def sample(self) -> float | None:
+        if not self._available:
+            return None
+        try:
+            return torch.cuda.utilization(self._device) / 100.0
+        except (ModuleNotFoundError, RuntimeError):
+            self._available = False  # no NVML here: stop asking
+            return None
+
+
+def utilization_meter(device: torch.device) -> CpuUtilization | CudaUtilization:
+    return CpuUtilization() if device.type == "cpu" else CudaUtilization(device)
