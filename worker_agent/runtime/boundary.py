@@ -1,10 +1,10 @@
 """Agreement at an iteration boundary: every rank learns rank 0's decision.
 
-One all-reduce of a few float64 slots per boundary carries both directions at once:
-rank 0 writes the decision (the other ranks write zeros, so the sum is rank 0's value)
-and every rank adds the loss of the step before the boundary (so rank 0 learns the mean
-loss for reporting at no extra collective). float64 holds integers exactly up to 2**53.
-The configuration dict travels separately, only when its version changes.
+One all-reduce of a few float64 slots carries the decision: rank 0 writes it, the other
+ranks write zeros, so the sum is rank 0's value (float64 holds integers exactly up to
+2**53). The decision's lease tells every rank the next boundary that needs agreeing on;
+the boundaries in between need no collective at all. The configuration dict travels
+separately, only when its version changes.
 
 The all-reduce is asynchronous: the loop launches it once the step's loss is known and
 waits for it after the optimizer step, so it hides behind backward instead of adding a
@@ -22,14 +22,13 @@ import torch.distributed as dist
 from worker_agent.runtime.protocol import Action, Decision
 
 _ACTIONS = list(Action)
-_ACTION, _CONFIG_VERSION, _LEASE_UNTIL, _TARGET_REACHED, _LOSS, _SLOTS = range(6)
+_ACTION, _CONFIG_VERSION, _LEASE_UNTIL, _TARGET_REACHED, _SLOTS = range(5)
 
 
 @dataclass(frozen=True)
 class Agreement:
     decision: Decision
     target_reached: bool  # rank 0's last evaluation met the job's target metric
-    mean_loss: float  # over ranks, of the step before the boundary (NaN if none)
 
 
 class BoundarySync:
@@ -42,16 +41,14 @@ class BoundarySync:
         self._config_version = 0
         self._config: dict[str, Any] = {}
 
-    def launch(
-        self, decision: Decision | None, target_reached: bool, loss: torch.Tensor | None
-    ) -> None:
+    def launch(self, decision: Decision | None, target_reached: bool) -> None:
         """Collective. `decision` and `target_reached` count on rank 0 only."""
         assert self._work is None, "wait() for the previous agreement first"
         slots = self._slots
         slots.zero_()
         if self._rank == 0:
             assert decision is not None, "rank 0 must bring the controller's decision"
-            slots[:_LOSS] = torch.tensor(
+            slots[:] = torch.tensor(
                 [
                     _ACTIONS.index(decision.action),
                     decision.config_version,
@@ -60,7 +57,6 @@ class BoundarySync:
                 ],
                 dtype=torch.float64,
             )
-        slots[_LOSS] = loss.detach() if loss is not None else torch.nan
         self._decision = decision
         self._work = dist.all_reduce(slots, async_op=True)
 
@@ -68,7 +64,7 @@ class BoundarySync:
         assert self._work is not None, "launch() first"
         self._work.wait()
         self._work = None
-        action, version, lease_until, reached, loss_sum = self._slots.tolist()
+        action, version, lease_until, reached = self._slots.tolist()
         if int(version) != self._config_version:
             self._follow_config(int(version))
         return Agreement(
@@ -76,14 +72,11 @@ class BoundarySync:
                 _ACTIONS[int(action)], self._config_version, self._config, int(lease_until)
             ),
             target_reached=bool(reached),
-            mean_loss=loss_sum / self._world_size,
         )
 
-    def agree(
-        self, decision: Decision | None, target_reached: bool, loss: torch.Tensor | None = None
-    ) -> Agreement:
+    def agree(self, decision: Decision | None, target_reached: bool) -> Agreement:
         """Collective, synchronous: `launch` then `wait`."""
-        self.launch(decision, target_reached, loss)
+        self.launch(decision, target_reached)
         return self.wait()
 
     def _follow_config(self, version: int) -> None:

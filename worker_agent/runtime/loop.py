@@ -154,7 +154,7 @@ class _Training:
             outcome = self._outcome(agreed)
             if outcome is not None:
                 return self._finish(outcome)
-            agreed = self._step()
+            agreed = self._step(agreed)
             self.iteration += 1
             every = self._config.checkpoint_every
             if every is not None and self.iteration % every == 0:
@@ -185,32 +185,36 @@ class _Training:
             return Outcome.SUSPENDED
         return None
 
-    def _step(self) -> Agreement:
+    def _step(self, agreed: Agreement) -> Agreement:
         """One iteration, and the agreement on the boundary after it.
 
-        Rank 0 asks for the next boundary's decision before the step so that the
-        agreement's all-reduce runs during backward.
+        Inside the lease of the last agreement every rank already knows the answer for
+        the next boundary (continue, same configuration): no question and no collective,
+        so a lease of many short steps costs one agreement. At the lease's end rank 0
+        asks before the step, so that the agreement's all-reduce runs during backward.
         """
-        decision = self._check(self.iteration + 1)
+        boundary = self.iteration + 1
+        agreeing = boundary >= agreed.decision.lease_until
+        decision = self._check(boundary) if agreeing else None
         self._comm.reset()
         start = self._clock.mark()
         batch = _to_device(self._batches.next(), self._device)
         self._optimizer.zero_grad()
         loss = self._trial.loss(self._model, batch)
-        self._sync.launch(decision, self._target_reached, loss)
+        if agreeing:
+            self._sync.launch(decision, self._target_reached)
         loss.backward()
         backward_end = self._clock.mark()
         self._optimizer.step()
         end = self._clock.mark()
-        agreed = self._sync.wait()
+        if agreeing:
+            agreed = self._sync.wait()
         if self._rank0:
             self._clock.synchronize()
-            self._reports.add(self._record(start, backward_end, end, agreed.mean_loss))
+            self._reports.add(self._record(start, backward_end, end, loss.item()))
         return agreed
 
-    def _record(
-        self, start: Mark, backward_end: Mark, end: Mark, mean_loss: float
-    ) -> IterationRecord:
+    def _record(self, start: Mark, backward_end: Mark, end: Mark, loss: float) -> IterationRecord:
         step = self._clock.seconds(start, end)
         launch = self._comm.last_launch
         comm = self._clock.seconds(launch, backward_end) if launch is not None else 0.0
@@ -220,7 +224,7 @@ class _Training:
             compute_seconds=step - comm,
             comm_seconds=comm,
             samples_per_second=self._global_batch / step,
-            loss=mean_loss,
+            loss=loss,
             utilization=self._utilization.sample(),
             peak_memory_bytes=peak_memory_bytes(self._device),
             bytes_communicated=self._comm.bytes,
