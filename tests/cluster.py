@@ -41,7 +41,8 @@ class Cluster:
     def start_server(self) -> None:
         self.server = self.stack.enter_context(jigsaw_up(self.home, **self.env))
 
-    def start_agent(self, name: str, gpus: int) -> None:
+    def start_agent(self, name: str, gpus: int, **env: str) -> subprocess.Popen[bytes]:
+        """`jigsaw agent` for node `name`; `env` adds settings (JIGSAW_AGENT_WARM_WORKERS)."""
         log = (self.home / f"agent-{name}.log").open("ab")
         with log:
             self.agents[name] = subprocess.Popen(
@@ -49,9 +50,10 @@ class Cluster:
                  "--gpus", str(gpus), "--node-name", name,
                  "--token-file", str(agent_token_path(self.home)),
                  "--work-dir", str(self.home / name)],
-                env=clean_env(self.home, **self.env), stdout=log, stderr=log,
+                env=clean_env(self.home, **{**self.env, **env}), stdout=log, stderr=log,
             )  # fmt: skip
         self.stack.callback(_stop, self.agents[name])
+        return self.agents[name]
 
     def agent_log(self, name: str) -> str:
         return (self.home / f"agent-{name}.log").read_text(errors="replace")

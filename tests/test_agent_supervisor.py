@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import torch
 from api.server import free_port
 from tests.runtime_helpers import TinyTrial
 from worker_agent.gpus import virtual_slots
+from worker_agent.outbox import Outbox
 from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.supervisor import Outbound, Supervisor
@@ -34,6 +38,16 @@ class CrashingTrial(TinyTrial):
 @pytest.fixture
 def supervisor(tmp_path: Path) -> Iterator[Supervisor]:
     supervisor = Supervisor(virtual_slots(2), tmp_path / "agent", stop_grace_seconds=5)
+    yield supervisor
+    supervisor.close()
+
+
+@pytest.fixture
+def warm_supervisor(tmp_path: Path) -> Iterator[Supervisor]:
+    """A supervisor with a warm pool of one; the test checks what close() leaves."""
+    supervisor = Supervisor(
+        virtual_slots(2), tmp_path / "agent", stop_grace_seconds=5, warm_workers=1
+    )
     yield supervisor
     supervisor.close()
 
@@ -200,3 +214,84 @@ def test_a_malformed_launch_fails_clearly_and_starts_nothing(
     assert end.outcome == agent_pb2.OUTCOME_FAILED and message in end.error_tail
     assert supervisor.running() == {}
     assert not (tmp_path / "agent" / "job-6").exists()
+
+
+def _idle_pid(supervisor: Supervisor, *, other_than: int | None = None) -> int:
+    """The pid of the pool's idle worker, once there is one (not `other_than`)."""
+    deadline = time.monotonic() + _MESSAGE_TIMEOUT_SECONDS
+    while True:
+        idle = [pid for pid in supervisor.idle_pids() if pid != other_than]
+        if idle:
+            assert len(idle) == 1
+            return idle[0]
+        assert time.monotonic() < deadline, "no idle warm worker"
+        time.sleep(0.05)
+
+
+def _records(messages: list[Outbound]) -> list[int]:
+    return [
+        r.iteration for m in messages if isinstance(m, agent_pb2.JobIterations) for r in m.records
+    ]
+
+
+def test_a_launch_takes_the_warm_worker_and_the_pool_refills(
+    warm_supervisor: Supervisor, tmp_path: Path
+) -> None:
+    idle = _idle_pid(warm_supervisor)
+    warm_supervisor.launch(_launch(7, ranks=((0, 1),)))
+    assert warm_supervisor.pids(7) == {0: idle}
+    assert warm_supervisor.running() == {7: {0: 1}}
+    seen, end = _until_exit(warm_supervisor, 7)
+
+    assert _records(seen) == [1, 2, 3, 4, 5, 6]
+    assert end.outcome == agent_pb2.OUTCOME_SUCCEEDED
+    assert (end.exit_code, end.iteration, end.error_tail) == (0, 6, "")
+    log = (tmp_path / "agent/job-7/rank-0.log").read_text()
+    assert "job 7 rank 0" in log and "succeeded at iteration 6" in log
+    assert any(isinstance(m, agent_pb2.LogTail) and m.rank == 0 for m in seen)
+    _assert_gone({0: idle})
+
+    refilled = _idle_pid(warm_supervisor, other_than=idle)
+    warm_supervisor.close()
+    _assert_gone({0: refilled})
+
+
+def test_ranks_beyond_the_pool_start_cold_and_stop_together(warm_supervisor: Supervisor) -> None:
+    idle = _idle_pid(warm_supervisor)
+    warm_supervisor.launch(_launch(8, spec={"max_iterations": _BIG}))
+    pids = warm_supervisor.pids(8)
+    assert pids[0] == idle and pids[1] != idle
+    _until(warm_supervisor, _is_report)
+
+    warm_supervisor.stop(8, "cancelled by its owner")
+    seen, end = _until_exit(warm_supervisor, 8)
+    assert end.outcome == agent_pb2.OUTCOME_STOPPED
+    assert not any(isinstance(m, agent_pb2.JobExit) for m in seen)
+    _assert_gone(pids)
+
+
+def test_a_warm_worker_dying_idle_is_replaced_without_a_job_exit(
+    warm_supervisor: Supervisor,
+) -> None:
+    idle = _idle_pid(warm_supervisor)
+    os.kill(idle, signal.SIGKILL)
+    replacement = _idle_pid(warm_supervisor, other_than=idle)
+    _assert_gone({0: idle})
+    assert warm_supervisor.outbound.empty()
+    warm_supervisor.close()
+    _assert_gone({0: replacement})
+
+
+def test_the_outbox_sends_a_runs_first_records_at_once() -> None:
+    # Here rather than beside the other outbox tests: the agent's outbox, as configured.
+    outbox = Outbox(batch_records=100, batch_seconds=3600, first_records_at_once=True)
+    never = threading.Event()
+    first = agent_pb2.JobIterations(job_id=1, records=[agent_pb2.IterationRecord(iteration=1)])
+    outbox.put(first)
+    assert outbox.next_message(0, never) is not None  # the run's start: not batched
+    outbox.put(agent_pb2.JobIterations(job_id=1, records=[agent_pb2.IterationRecord(iteration=2)]))
+    assert outbox.next_message(0, never) is None  # later ones wait for their batch
+    outbox.put(agent_pb2.JobExit(job_id=1))
+    outbox.put(first)  # a new run of the job (a resume) starts at once again
+    message = outbox.next_message(0, never)
+    assert message is not None and message.HasField("reports")

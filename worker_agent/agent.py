@@ -66,8 +66,10 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
         settings.work_dir,
         torch_threads=settings.torch_threads,
         stop_grace_seconds=settings.stop_grace_seconds,
+        warm_workers=settings.warm_workers,
     )
-    outbox = Outbox()
+    # A job's first iteration goes out at once: users see it start without the batching delay.
+    outbox = Outbox(first_records_at_once=True)
     # Drains the supervisor continuously, also while disconnected, so that the outbox's
     # bounds (not an unbounded queue) decide what an outage costs.
     pump = threading.Thread(

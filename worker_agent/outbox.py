@@ -2,7 +2,10 @@
 
 Iteration records are batched across jobs (one `IterationReports` per flush). While the
 scheduler is unreachable, records, evaluations and log lines are buffered up to a bound
-(the oldest are dropped and counted); job exits are never dropped.
+(the oldest are dropped and counted); job exits are never dropped. With
+`first_records_at_once` (what the agent uses) the first records of a job's run (since
+its last exit) are due at once rather than after the batching delay: the scheduler then
+sees the job start training as soon as it does.
 
 The protocol has no acknowledgements: a message written just before a stream broke may be
 lost with it. Exits are not sent again on the next stream, since a stale exit could end a
@@ -34,23 +37,32 @@ class Outbox:
         batch_seconds: float = 0.5,
         max_records: int = 20_000,
         max_other: int = 2_000,
+        first_records_at_once: bool = False,
     ) -> None:
         self._batch_records = batch_records
         self._batch_seconds = batch_seconds
         self._max_records = max_records
         self._max_other = max_other
+        self._first_records_at_once = first_records_at_once
         self._changed = threading.Condition()
         self._records: deque[tuple[int, agent_pb2.IterationRecord]] = deque()
         self._records_since: float | None = None  # when the oldest unsent record came
         self._other: deque[agent_pb2.Evaluation | agent_pb2.LogTail] = deque()
         self._exits: deque[agent_pb2.JobExit] = deque()
+        # Jobs whose run has sent records; its exit ends the run (a resume is a new run).
+        self._reporting: set[int] = set()
+        self._first_records = False  # records of a run's start are waiting: send now
         self.dropped = 0
 
     def put(self, item: Outbound) -> None:
         with self._changed:
             if isinstance(item, agent_pb2.JobExit):
                 self._exits.append(item)
+                self._reporting.discard(item.job_id)
             elif isinstance(item, agent_pb2.JobIterations):
+                if item.job_id not in self._reporting:
+                    self._reporting.add(item.job_id)
+                    self._first_records = self._first_records_at_once
                 if self._records_since is None:
                     self._records_since = time.monotonic()
                 for record in item.records:
@@ -103,7 +115,8 @@ class Outbox:
     def _records_due(self, now: float) -> bool:
         assert self._records_since is not None
         return (
-            len(self._records) >= self._batch_records
+            self._first_records
+            or len(self._records) >= self._batch_records
             or now - self._records_since >= self._batch_seconds
         )
 
@@ -113,6 +126,7 @@ class Outbox:
             job_id, record = self._records.popleft()
             by_job.setdefault(job_id, agent_pb2.JobIterations(job_id=job_id)).records.append(record)
         self._records_since = time.monotonic() if self._records else None
+        self._first_records = False
         return agent_pb2.AgentMessage(reports=agent_pb2.IterationReports(jobs=by_job.values()))
 
     def _append_bounded(self, buffer: deque[_T], item: _T, bound: int) -> None:

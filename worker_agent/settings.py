@@ -80,8 +80,11 @@ class AgentSettings(BaseSettings):
     warm_workers: int = Field(
         default=0,
         ge=0,
-        description="Worker processes kept pre-started with torch imported, so that a launch "
-        "skips the import (not implemented yet: must be 0).",
+        description="Worker processes kept pre-started with torch and the runtime imported "
+        "(the warm pool), so that a launch skips those seconds of imports; a rank starts "
+        "cold when the pool is empty, and the pool refills in the background. Each idle one "
+        "holds the memory of an imported torch (a few hundred MB), hence off by default; "
+        "the number of GPU slots is the useful most.",
     )
 
     @model_validator(mode="after")
@@ -103,8 +106,6 @@ class AgentSettings(BaseSettings):
             path = getattr(self, name)
             if path is not None and not path.is_file():
                 raise ValueError(f"{name} {path} is not a readable file")
-        if self.warm_workers:
-            raise ValueError("warm_workers is not implemented yet: leave it at 0")
         return self
 
     def bearer_token(self) -> str:

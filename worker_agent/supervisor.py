@@ -7,12 +7,21 @@ last said about the job, and turns reports, evaluations, output lines and proces
 into messages on `outbound`, ready for the scheduler:
 
     agent_pb2.JobIterations | Evaluation | LogTail | JobExit (one per job, last)
+
+Warm pool: with `warm_workers` > 0 the supervisor keeps that many worker processes
+started with `--pool`, which import torch and the runtime and then wait idle on their
+connection. A launch hands each rank to an idle one (sending it the rank's
+configuration) while there are any, and starts the others cold; a background thread then
+tops the pool up again. An assigned pooled process is a rank like any other: same log
+file, process group, stop and exit handling. What it printed while idle (import
+warnings) stays in its pipe and lands in its rank's log. One that dies while idle is
+replaced; one that dies before it ever got idle counts as a failure, and failures in a
+row slow the replacements down (a broken installation must not fork in a loop).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -35,7 +44,14 @@ from scheduler.jobspec import JobSpec
 from worker_agent.gpus import GpuSlot
 from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.runtime.config import WorkerConfig
-from worker_agent.runtime.protocol import EXIT_CODES, Action, Decision, Outcome
+from worker_agent.runtime.lifeline import AGENT_PID_ENV
+from worker_agent.runtime.protocol import (
+    EXIT_CODES,
+    Action,
+    Decision,
+    Outcome,
+    assign_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +76,10 @@ _PROTO_OUTCOME = {
     Outcome.STOPPED: agent_pb2.OUTCOME_STOPPED,
 }
 
+_POOL_BACKOFF_MAX_SECONDS = 60.0
+_IDLE_OUTPUT_TAIL_BYTES = 4000
+
 _CAN_WAIT_UNREAPED = hasattr(os, "waitid")
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
 
 
 class LaunchError(ValueError):
@@ -80,6 +97,15 @@ class _Rank:
     exit_message: dict[str, Any] | None = None
     connected: threading.Event = field(default_factory=threading.Event)
     disconnected: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Pooled:
+    """A warm worker: idle until `assigned` names the job and rank it became."""
+
+    process: subprocess.Popen[bytes]
+    connection: Connection | None = None  # set once it said idle: it can take a rank
+    assigned: tuple[_Job, _Rank] | None = None
 
 
 @dataclass
@@ -103,6 +129,7 @@ class Supervisor:
         *,
         torch_threads: int = 1,
         stop_grace_seconds: float = 10.0,
+        warm_workers: int = 0,
     ) -> None:
         self.outbound: queue.Queue[Outbound] = queue.Queue()
         self._slots = {slot.index: slot for slot in slots}
@@ -116,11 +143,21 @@ class Supervisor:
         # Loopback only, and every connection must prove it knows the authkey (HMAC).
         self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey.encode())
         self._closing = False
-        # PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, so every
-        # worker is forked by this one thread, which lives as long as the supervisor.
+        # Workers ask for PR_SET_PDEATHSIG (`lifeline`), which fires when the *thread*
+        # that forked them ends: every worker is forked by this one thread, which lives
+        # as long as the supervisor.
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-spawner")
         self._acceptor = threading.Thread(target=self._accept, name="jigsaw-accept", daemon=True)
         self._acceptor.start()
+        self._warm_workers = warm_workers
+        self._pool: list[_Pooled] = []  # unassigned pooled processes, starting or idle
+        self._pool_closing = threading.Event()
+        self._pool_failures = 0  # pooled processes in a row that died before idle
+        self._refiller = threading.Thread(
+            target=self._keep_pool, name="jigsaw-warm-pool", daemon=True
+        )
+        if warm_workers:
+            self._refiller.start()
 
     @property
     def control_address(self) -> str:
@@ -203,15 +240,30 @@ class Supervisor:
             job = self._jobs.get(job_id)
             return {r: rank.process.pid for r, rank in job.ranks.items()} if job else {}
 
+    def idle_pids(self) -> list[int]:
+        """Process ids of the pooled workers ready to take a rank (for tests)."""
+        with self._lock:
+            return [p.process.pid for p in self._pool if p.connection is not None]
+
     def close(self) -> None:
-        """Stop every job, wait for its processes to be gone, and stop listening."""
+        """Stop every job and the warm pool, wait for their processes, and stop listening.
+
+        Closing again does nothing.
+        """
+        if self._closing:
+            return
+        self._close_pool()
         for job_id in self.running():
             self.stop(job_id, "the agent is shutting down")
         with self._changed:
             if not self._changed.wait_for(
-                lambda: not self._jobs, timeout=self._stop_grace_seconds + 30
+                lambda: not self._jobs and not self._pool, timeout=self._stop_grace_seconds + 30
             ):
-                logger.error("processes of jobs %s did not end", sorted(self._jobs))
+                logger.error(
+                    "processes of jobs %s or %d warm workers did not end",
+                    sorted(self._jobs),
+                    len(self._pool),
+                )
         self._closing = True
         # Wake the accepting thread out of accept() with a connection of our own.
         Client(self._listener.address, authkey=self._authkey.encode()).close()
@@ -275,14 +327,28 @@ class Supervisor:
         directory = self._work_dir / f"job-{job.job_id}"
         try:
             directory.mkdir(parents=True, exist_ok=True)
+            warm = []
             for config in configs:
                 config_path = directory / f"rank-{config.rank}.json"
+                # Written for warm ranks too: what each rank ran with, for diagnostics.
                 config_path.write_text(config.model_dump_json(indent=2))
-                process = self._spawner.submit(self._popen, config_path).result()
                 log_path = directory / f"rank-{config.rank}.log"
+                pooled = self._assign_idle(config)
+                process = (
+                    pooled.process
+                    if pooled is not None
+                    else self._spawner.submit(self._popen, config_path).result()
+                )
                 rank = _Rank(config.rank, process, log_path, gpu_of_rank[config.rank])
                 job.ranks[config.rank] = rank
-                for target in (self._forward_output, self._watch):
+                targets: list[Any] = [self._forward_output]
+                if pooled is not None:
+                    # Its watcher, running since it was spawned, now ends the rank.
+                    pooled.assigned = (job, rank)
+                    warm.append(config.rank)
+                else:
+                    targets.append(self._watch)
+                for target in targets:
                     threading.Thread(
                         target=target,
                         args=(job, rank),
@@ -290,10 +356,11 @@ class Supervisor:
                         daemon=True,
                     ).start()
             logger.info(
-                "job %d: started ranks %s from iteration %d",
+                "job %d: started ranks %s from iteration %d (warm: %s)",
                 job.job_id,
                 sorted(job.ranks),
                 job.iteration,
+                warm,
             )
         except OSError as exc:
             job.failure = f"could not start the job's processes: {exc}"
@@ -304,12 +371,14 @@ class Supervisor:
                 return
             _signal_ranks(job, signal.SIGKILL)
 
-    def _popen(self, config_path: Path) -> subprocess.Popen[bytes]:
+    def _popen(self, config_path: Path | None) -> subprocess.Popen[bytes]:
+        """A worker for `config_path`, or a pooled one (`--pool`) when None."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV_PREFIX)}
         threads = str(self._torch_threads)
         env.update(
             {
                 _AUTHKEY_ENV: self._authkey,  # the environment, never argv (ps shows argv)
+                AGENT_PID_ENV: str(os.getpid()),  # the worker dies with this process
                 "OMP_NUM_THREADS": threads,
                 "MKL_NUM_THREADS": threads,
                 "PYTHONUNBUFFERED": "1",  # output lines reach the log as they are written
@@ -322,8 +391,7 @@ class Supervisor:
                 sys.executable,
                 "-m",
                 "worker_agent.runtime.worker",
-                "--config",
-                str(config_path),
+                *(["--config", str(config_path)] if config_path is not None else ["--pool"]),
                 "--control",
                 self.control_address,
                 "--authkey-env",
@@ -334,8 +402,10 @@ class Supervisor:
             stderr=subprocess.STDOUT,
             env=env,
             # Its own process group: a stop signals the worker and whatever it started.
+            # No preexec_fn: forking this multi-threaded process (gRPC's threads among
+            # them) to run Python before exec can deadlock the child; the worker sets up
+            # its own death signal instead (`lifeline`).
             start_new_session=True,
-            preexec_fn=_die_with_parent if _LIBC is not None else None,
         )
 
     def _fail_before_start(self, job_id: int, message: str) -> None:
@@ -345,6 +415,119 @@ class Supervisor:
     def _kill(self, job: _Job) -> None:
         with self._lock:
             _signal_ranks(job, signal.SIGKILL)
+
+    # ------------------------------------------------------------------ the warm pool
+
+    def _assign_idle(self, config: WorkerConfig) -> _Pooled | None:
+        """An idle pooled process now running `config`, or None (caller holds the lock)."""
+        while True:
+            pooled = next((p for p in self._pool if p.connection is not None), None)
+            if pooled is None:
+                return None
+            self._pool.remove(pooled)
+            self._changed.notify_all()  # the refiller tops the pool up
+            assert pooled.connection is not None
+            # Gone but not yet noticed by its watcher: it must not take the rank.
+            if not _exited(pooled.process):
+                try:
+                    pooled.connection.send(assign_message(config.model_dump(mode="json")))
+                    return pooled
+                except OSError as exc:
+                    logger.warning("warm worker %d unreachable: %s", pooled.process.pid, exc)
+            # Back in the pool as not idle, so that its watcher reaps it as a pooled one.
+            pooled.connection = None
+            self._pool.append(pooled)
+            _signal_group(pooled.process.pid, signal.SIGKILL)
+
+    def _keep_pool(self) -> None:
+        """Keep `warm_workers` pooled processes, starting or idle, until the pool closes."""
+        while True:
+            with self._changed:
+                self._changed.wait_for(
+                    lambda: self._pool_closing.is_set() or len(self._pool) < self._warm_workers
+                )
+                failures = self._pool_failures
+            if failures and self._pool_closing.wait(
+                min(_POOL_BACKOFF_MAX_SECONDS, 2.0 ** (failures - 1))
+            ):
+                return
+            if self._pool_closing.is_set():
+                return
+            try:
+                process = self._spawner.submit(self._popen, None).result()
+            except OSError as exc:
+                logger.error("could not start a warm worker: %s", exc)
+                with self._lock:
+                    self._pool_failures += 1
+                continue
+            pooled = _Pooled(process)
+            with self._lock:
+                self._pool.append(pooled)
+                if self._pool_closing.is_set():  # close() did not see it: kill it here
+                    _signal_group(process.pid, signal.SIGKILL)
+            threading.Thread(
+                target=self._watch_pooled,
+                args=(pooled,),
+                name=f"jigsaw-warm-{process.pid}",
+                daemon=True,
+            ).start()
+
+    def _watch_pooled(self, pooled: _Pooled) -> None:
+        """Wait for a pooled process to exit: replace it while idle, else end its rank."""
+        _wait_unreaped(pooled.process)
+        with self._changed:
+            if pooled.assigned is None:
+                self._reap_unassigned(pooled)
+                self._changed.notify_all()  # the refiller and close() wait on the pool
+                return
+            job, rank = pooled.assigned
+        self._rank_ended(job, rank)
+
+    def _reap_unassigned(self, pooled: _Pooled) -> None:
+        """Reap a pooled process that died before taking a rank (caller holds the lock)."""
+        process = pooled.process
+        if _CAN_WAIT_UNREAPED:
+            _signal_group(process.pid, signal.SIGKILL)
+        returncode = process.wait()
+        self._pool.remove(pooled)
+        output = _drain(process)
+        if self._pool_closing.is_set():
+            return
+        if pooled.connection is None:
+            self._pool_failures += 1  # never got idle: maybe broken for good, slow down
+        logger.warning(
+            "warm worker %d exited with code %d while idle; replacing it. Its output:\n%s",
+            process.pid,
+            returncode,
+            output,
+        )
+
+    def _idle(self, pid: int, connection: Connection) -> _Pooled | None:
+        """Note that pooled process `pid` is ready for a rank on `connection`."""
+        with self._lock:
+            pooled = next((p for p in self._pool if p.process.pid == pid), None)
+            if pooled is not None:
+                pooled.connection = connection
+                self._pool_failures = 0
+                logger.info("warm worker %d idle, ready for a rank", pid)
+            return pooled
+
+    def _idle_connection_lost(self, pooled: _Pooled) -> None:
+        """Its connection broke while idle: useless now, so it is killed and replaced."""
+        with self._lock:
+            if pooled.assigned is None:
+                pooled.connection = None
+                _signal_group(pooled.process.pid, signal.SIGKILL)
+
+    def _close_pool(self) -> None:
+        """No more pooled processes; the idle ones are killed (their watchers reap them)."""
+        with self._changed:
+            self._pool_closing.set()
+            self._changed.notify_all()
+            for pooled in self._pool:
+                _signal_group(pooled.process.pid, signal.SIGKILL)
+        if self._refiller.is_alive():
+            self._refiller.join()
 
     # ------------------------------------------------------------------ per process
 
@@ -369,15 +552,12 @@ class Supervisor:
 
     def _watch(self, job: _Job, rank: _Rank) -> None:
         """Wait for the worker to exit, reap it, and end the job after its last rank."""
+        _wait_unreaped(rank.process)
+        self._rank_ended(job, rank)
+
+    def _rank_ended(self, job: _Job, rank: _Rank) -> None:
+        """Reap the exited worker of `rank` and end the job after its last rank."""
         process = rank.process
-        # Wait without reaping: while the worker is a zombie its pid still names its
-        # process group, so leftovers of the group can be killed without hitting a
-        # stranger that reused the pid. (Python 3.11 has no waitid on macOS, a dev box
-        # only: there leftovers are not killed.)
-        if _CAN_WAIT_UNREAPED:
-            os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
-        else:
-            process.wait()
         with self._lock:
             if _CAN_WAIT_UNREAPED:
                 _signal_group(process.pid, signal.SIGKILL)
@@ -413,7 +593,9 @@ class Supervisor:
     def _serve(self, connection: Connection) -> None:
         with connection:
             try:
-                hello = connection.recv()
+                hello = self._hello(connection)
+                if hello is None:
+                    return
                 with self._lock:
                     job = self._jobs.get(hello["job_id"])
                     rank = job.ranks.get(hello["rank"]) if job is not None else None
@@ -432,6 +614,22 @@ class Supervisor:
                 return  # the worker closed its end or died: it has said everything
             except (OSError, KeyError, TypeError) as exc:
                 logger.warning("dropped a worker connection: %r", exc)
+
+    def _hello(self, connection: Connection) -> dict[str, Any] | None:
+        """The worker's hello; a pooled worker first waits idle until it gets a rank."""
+        first: dict[str, Any] = connection.recv()
+        if first.get("type") != "idle":
+            return first
+        pooled = self._idle(first["pid"], connection)
+        if pooled is None:
+            logger.warning("a warm worker that is not ours said idle: %s", first)
+            return None
+        try:
+            hello: dict[str, Any] = connection.recv()
+        except (EOFError, ConnectionResetError, OSError):
+            self._idle_connection_lost(pooled)
+            return None
+        return hello
 
     def _handle(self, job: _Job, rank: _Rank, message: dict[str, Any]) -> dict[str, Any] | None:
         kind = message["type"]
@@ -473,15 +671,37 @@ class Supervisor:
 # ---------------------------------------------------------------------- helpers
 
 
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec.
+def _wait_unreaped(process: subprocess.Popen[bytes]) -> None:
+    """Wait for the process to exit, leaving it a zombie where the platform can.
 
-    A SIGKILLed agent cannot stop its workers, which would train on as orphans holding
-    their GPUs; with PDEATHSIG the kernel kills each worker when the agent dies.
+    While the worker is a zombie its pid still names its process group, so leftovers of
+    the group can be killed without hitting a stranger that reused the pid. (Python 3.11
+    has no waitid on macOS, a dev box only: there leftovers are not killed.)
     """
-    assert _LIBC is not None
-    if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if _CAN_WAIT_UNREAPED:
+        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+    else:
+        process.wait()
+
+
+def _exited(process: subprocess.Popen[bytes]) -> bool:
+    """Whether the process has exited, without reaping it (its watcher does that)."""
+    if not _CAN_WAIT_UNREAPED:
+        return False
+    return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
+
+
+def _drain(process: subprocess.Popen[bytes]) -> str:
+    """The end of what an exited, never assigned pooled process printed."""
+    if process.stdout is None:
+        return ""
+    with process.stdout as output:
+        os.set_blocking(output.fileno(), False)  # a leftover grandchild may hold the pipe
+        try:
+            data = output.read() or b""
+        except OSError:
+            data = b""
+    return data[-_IDLE_OUTPUT_TAIL_BYTES:].decode(errors="replace")
 
 
 def _signal_ranks(job: _Job, signum: signal.Signals) -> None:

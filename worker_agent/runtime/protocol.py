@@ -4,6 +4,12 @@ Transport: `multiprocessing.connection` (pickled dicts, HMAC-authenticated with 
 agent's authkey). The agent holds the Listener; every worker process connects once and
 sends messages in this order:
 
+pooled workers only (started with `--pool`, before they know their job)
+    worker -> agent  {"type": "idle", "pid": int}           once torch etc. are imported
+    agent -> worker  {"type": "assign", "config": WorkerConfig as JSON-able dict}
+    (the agent closing the connection instead means: not needed, exit 0)
+    Then, on the same connection, exactly what a worker started with `--config` sends.
+
 worker -> agent
     {"type": "hello", "job_id": int, "rank": int, "pid": int}               first, once
     {"type": "check", "iteration": int}                      rank 0 only; agent replies
@@ -104,6 +110,23 @@ class ExitStatus:
     @property
     def exit_code(self) -> int:
         return EXIT_CODES[self.outcome]
+
+
+def idle_message(pid: int) -> dict[str, Any]:
+    return {"type": "idle", "pid": pid}
+
+
+def assign_message(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` is `WorkerConfig.model_dump(mode="json")`: the wire carries no pydantic."""
+    return {"type": "assign", "config": config}
+
+
+def assigned_config(message: dict[str, Any]) -> dict[str, Any]:
+    """The configuration of an "assign" message, or a ValueError for anything else."""
+    if message.get("type") != "assign" or not isinstance(message.get("config"), dict):
+        raise ValueError(f"expected an assign message, got {message!r}")
+    config: dict[str, Any] = message["config"]
+    return config
 
 
 def parse_address(address: str) -> tuple[str, int] | str:

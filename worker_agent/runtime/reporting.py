@@ -1,4 +1,8 @@
-"""Batches iteration records to the controller: one message per N iterations or T seconds."""
+"""Batches iteration records to the controller: one message per N iterations or T seconds.
+
+The first record of a run goes out alone and at once, so that the job is seen to train
+(its first metrics row) as soon as it does, not up to T seconds later.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +19,13 @@ class ReportBuffer:
         self._every_seconds = every_seconds
         self._records: list[IterationRecord] = []
         self._last_flush = time.monotonic()
+        self._sent_any = False
 
     def add(self, record: IterationRecord) -> None:
         self._records.append(record)
         if (
-            len(self._records) >= self._every_iterations
+            not self._sent_any
+            or len(self._records) >= self._every_iterations
             or time.monotonic() - self._last_flush >= self._every_seconds
         ):
             self.flush()
@@ -28,4 +34,5 @@ class ReportBuffer:
         if self._records:
             self._controller.report(self._records)
             self._records = []
+            self._sent_any = True
         self._last_flush = time.monotonic()

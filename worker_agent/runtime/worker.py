@@ -1,12 +1,19 @@
 """The worker process the node agent spawns, one per GPU slot:
 
     python -m worker_agent.runtime.worker --config FILE.json --control ADDRESS --authkey-env VAR
+    python -m worker_agent.runtime.worker --pool --control ADDRESS --authkey-env VAR
 
 FILE.json is a `WorkerConfig`. ADDRESS is the agent's Listener, `host:port` or a Unix
 socket path; the authkey is read from the environment variable VAR, never from argv,
-which every user of the machine can read. Exit codes (`protocol.EXIT_CODES`): 0
-succeeded, 3 suspended, 4 stopped, 1 failed (the `exit` message carries the traceback
-tail); argparse exits 2 on a usage error.
+which every user of the machine can read. With `--pool` the process is a warm spare: it
+imports everything training needs (torch, torch.distributed, the built-in workloads; the
+imports at the top of this module, and what torch imports lazily on a first optimizer
+step), says "idle" to the agent and waits for the
+configuration of the rank it is given (`protocol`); from then on it is a worker like any
+other. The agent closing the connection first means it is no longer needed (exit 0).
+
+Exit codes (`protocol.EXIT_CODES`): 0 succeeded, 3 suspended, 4 stopped, 1 failed (the
+`exit` message carries the traceback tail); argparse exits 2 on a usage error.
 """
 
 from __future__ import annotations
@@ -15,41 +22,97 @@ import argparse
 import logging
 import os
 import sys
+from multiprocessing.connection import Client, Connection
 from pathlib import Path
+
+import torch
 
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import ConnectionController
+from worker_agent.runtime.lifeline import OrphanedError, die_with_agent
 from worker_agent.runtime.loop import run_worker
-from worker_agent.runtime.protocol import EXIT_CODES, Outcome
+from worker_agent.runtime.protocol import (
+    EXIT_CODES,
+    Outcome,
+    assigned_config,
+    idle_message,
+    parse_address,
+)
 
 logger = logging.getLogger("worker_agent.runtime.worker")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m worker_agent.runtime.worker")
-    parser.add_argument("--config", type=Path, required=True, help="WorkerConfig JSON file")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", type=Path, help="WorkerConfig JSON file")
+    source.add_argument(
+        "--pool", action="store_true", help="wait idle for the agent to assign a rank"
+    )
     parser.add_argument("--control", required=True, help="the agent's host:port or socket path")
     parser.add_argument(
         "--authkey-env", required=True, help="environment variable holding the agent's authkey"
     )
     args = parser.parse_args(argv)
-    config = WorkerConfig.model_validate_json(args.config.read_text())
-    logging.basicConfig(
-        level=logging.INFO,
-        format=f"%(asctime)s job {config.job_id} rank {config.rank} %(name)s "
-        "%(levelname)s %(message)s",
-    )
+    try:
+        die_with_agent()
+    except OrphanedError as exc:
+        logger.error("%s: exiting", exc)
+        return EXIT_CODES[Outcome.FAILED]
     authkey = os.environ.get(args.authkey_env)
     if authkey is None:
         parser.error(f"environment variable {args.authkey_env} (the authkey) is not set")
-    controller = ConnectionController.connect(
-        args.control, authkey.encode(), config.job_id, config.rank
-    )
+    if args.pool:
+        _warm_up()
+        connection = Client(parse_address(args.control), authkey=authkey.encode())
+        config = _await_assignment(connection)
+        if config is None:
+            return EXIT_CODES[Outcome.SUCCEEDED]
+        _configure_logging(config)
+        controller = ConnectionController(connection, config.job_id, config.rank)
+    else:
+        config = WorkerConfig.model_validate_json(args.config.read_text())
+        _configure_logging(config)
+        controller = ConnectionController.connect(
+            args.control, authkey.encode(), config.job_id, config.rank
+        )
     try:
         return run_worker(config, controller).exit_code
     except Exception:
         logger.exception("training failed")
         return EXIT_CODES[Outcome.FAILED]
+
+
+def _warm_up() -> None:
+    """One throwaway optimizer step on a tiny model, before the pooled worker is idle.
+
+    torch imports much lazily at first use: the first optimizer alone pulls in
+    torch._dynamo, over a second here. Paid now, it is not paid after the assignment.
+    """
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.zeros(1, 2)).sum().backward()
+    optimizer.step()
+
+
+def _await_assignment(connection: Connection) -> WorkerConfig | None:
+    """The configuration the agent assigns, or None once it closes the connection."""
+    try:
+        connection.send(idle_message(os.getpid()))
+        message = connection.recv()
+    except (EOFError, ConnectionError):
+        connection.close()
+        return None
+    return WorkerConfig.model_validate(assigned_config(message))
+
+
+def _configure_logging(config: WorkerConfig) -> None:
+    # Only once the rank is known: every line names its job and rank.
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s job {config.job_id} rank {config.rank} %(name)s "
+        "%(levelname)s %(message)s",
+    )
 
 
 if __name__ == "__main__":
