@@ -68,6 +68,13 @@ class Dispatcher(Protocol):
         """Checkpoint at the next iteration boundary, then end the job's processes."""
         ...
 
+    def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:
+        """Apply this SPB configuration (`{}` = off) from the job's next boundary on.
+
+        `config_version` is greater than every version this run of the job has seen.
+        """
+        ...
+
     def poll(self, now: datetime) -> list[Report]:
         """Reports received since the previous poll."""
         ...
@@ -87,7 +94,7 @@ class Dispatcher(Protocol):
 
 @dataclass(frozen=True)
 class Command:
-    kind: Literal["launch", "stop", "suspend"]
+    kind: Literal["launch", "stop", "suspend", "reconfigure"]
     job_id: int
 
 
@@ -133,6 +140,10 @@ class SimulatedDispatcher:
     def suspend(self, job_id: int) -> None:
         self.commands.append(Command("suspend", job_id))
         self._runs.pop(job_id, None)
+
+    def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:
+        # Simulated runs train at one speed whatever their configuration.
+        self.commands.append(Command("reconfigure", job_id))
 
     def poll(self, now: datetime) -> list[Report]:
         self._clock = now

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
-from scheduler.plan import Placement, Plan
+from scheduler.plan import Placement, Plan, Reconfigure
 from scheduler.policies import get_policy
 from scheduler.settings import SchedulerSettings
 from scheduler.snapshot import ClusterSnapshot, build_snapshot
@@ -57,6 +57,7 @@ class RoundResult:
     started: int = 0  # placements launched and running
     suspended: int = 0
     stopped: int = 0  # jobs the policy gave up on
+    reconfigured: int = 0  # running jobs given a new SPB configuration
     conflicts: int = 0  # transitions lost to a concurrent change
     seconds: float = 0.0
 
@@ -100,6 +101,7 @@ class SchedulerService:
             snapshot = build_snapshot(session, now)
         plan = self._policy(snapshot)
         suspended, stopped = self._end_runs(plan, now)
+        reconfigured = self._reconfigure(plan.reconfigure, now)
         launched = self._start(plan, snapshot, now)
         return RoundResult(
             reports=len(reports),
@@ -110,6 +112,7 @@ class SchedulerService:
             started=launched,
             suspended=suspended,
             stopped=stopped,
+            reconfigured=reconfigured,
             conflicts=self._conflicts,
             seconds=time.perf_counter() - started,
         )
@@ -311,6 +314,55 @@ class SchedulerService:
                 if job is not None and self._transition(session, job, target, message):
                     _release(session, [job_id], now)
                     done.append(job_id)
+        return done
+
+    def _reconfigure(self, changes: Iterable[Reconfigure], now: datetime) -> int:
+        """Give running jobs their new SPB configuration: recorded, then dispatched.
+
+        Only a RUNNING job whose configuration differs changes; its allocations take the
+        configuration and the next version, with a `reconfigure` event, in one
+        transaction. The agents hear of it after the commit and apply it at the job's
+        next lease boundary.
+        """
+        done = 0
+        for change in changes:
+            with transaction(self._factory) as session:
+                job = session.get(Job, change.job_id)
+                held = session.scalars(
+                    select(Allocation).where(
+                        Allocation.job_id == change.job_id, Allocation.released_at.is_(None)
+                    )
+                ).all()
+                if job is None or job.state != JobState.RUNNING or not held:
+                    logger.info("not reconfiguring job %d: not running", change.job_id)
+                    self._conflicts += 1
+                    continue
+                if all(allocation.spb == change.spb for allocation in held):
+                    continue
+                version = max(allocation.config_version for allocation in held) + 1
+                for allocation in held:
+                    allocation.spb = dict(change.spb)
+                    allocation.config_version = version
+                session.add(
+                    Event(
+                        job_id=job.id,
+                        kind="reconfigure",
+                        actor=ACTOR,
+                        message=f"SPB {change.spb or 'off'} from iteration {job.iterations_done}",
+                        data={
+                            "policy": self._policy_name,
+                            "spb": change.spb,
+                            "config_version": version,
+                            "iteration": job.iterations_done,
+                        },
+                        created_at=now,
+                    )
+                )
+            try:
+                self._dispatcher.reconfigure(change.job_id, version, dict(change.spb))
+            except Exception:
+                logger.exception("dispatching reconfigure for job %d failed", change.job_id)
+            done += 1
         return done
 
     def _start(self, plan: Plan, snapshot: ClusterSnapshot, now: datetime) -> int:

@@ -181,6 +181,8 @@ class Allocation(Base):
     gpu_id: Mapped[int] = mapped_column(ForeignKey("gpus.id", ondelete="CASCADE"))
     rank: Mapped[int] = mapped_column(Integer)
     spb: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # Bumped by every reconfiguration of the run (its launch is version 0).
+    config_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     lease_start_iteration: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_iterations: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

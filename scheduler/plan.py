@@ -16,7 +16,16 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Reconfigure:
+    """Give a running job a new SPB configuration (`{}` = off) at its next boundary."""
+
+    job_id: int
+    spb: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Plan:
     start: tuple[Placement, ...] = ()
     suspend: tuple[int, ...] = ()  # running jobs to pause, releasing their GPUs
     stop: tuple[int, ...] = ()  # jobs the policy gives up on: they fail, releasing their GPUs
+    reconfigure: tuple[Reconfigure, ...] = ()  # running jobs that keep their GPUs

@@ -7,7 +7,7 @@ unit tests can drive without a database, and cannot change state behind the loop
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +61,8 @@ class JobView:
     spec: dict[str, Any]  # the submitted JobSpec as JSON; policies must not mutate it
     allocated_gpu_ids: tuple[int, ...] = ()  # ordered by rank
     iterations_done: int = 0
+    # The SPB configuration of its current hold (`{}`: off, or holding no GPUs).
+    spb: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -98,13 +100,15 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
     ).all()
     holders: dict[int, list[int]] = defaultdict(list)
     held_by_job: dict[int, list[int]] = defaultdict(list)
-    for job_id, gpu_id in session.execute(
-        select(Allocation.job_id, Allocation.gpu_id)
+    spb_of_job: dict[int, dict[str, Any]] = {}
+    for job_id, gpu_id, spb in session.execute(
+        select(Allocation.job_id, Allocation.gpu_id, Allocation.spb)
         .where(Allocation.released_at.is_(None))
         .order_by(Allocation.job_id, Allocation.rank)
     ):
         holders[gpu_id].append(job_id)
         held_by_job[job_id].append(gpu_id)
+        spb_of_job[job_id] = spb  # the loop keeps every allocation of a hold alike
 
     gpus_by_node: dict[int, list[GPUView]] = defaultdict(list)
     for gpu, node_name in session.execute(
@@ -136,6 +140,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             spec=job.spec,
             allocated_gpu_ids=tuple(held_by_job.get(job.id, ())),
             iterations_done=job.iterations_done,
+            spb=dict(spb_of_job.get(job.id) or {}),
         )
         for job in session.scalars(
             select(Job).where(Job.state.in_([state.value for state in ACTIVE_STATES]))

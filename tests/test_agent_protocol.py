@@ -7,6 +7,7 @@ that does not start with hello, reports about jobs it was never given.
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -294,6 +295,26 @@ def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
         endpoint.dispatcher.stop(job_id, "node-a")
         kinds = [stream.commands.get(timeout=10).WhichOneof("command") for _ in range(2)]
         assert kinds == ["suspend", "stop"]
+        assert stream.commands.empty()
+    finally:
+        stream.close()
+
+
+def test_a_reconfiguration_reaches_every_node_of_the_job(endpoint: Endpoint) -> None:
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    job_id = add_job(endpoint)
+    stream = Stream(endpoint, hello(running={job_id: {0: 0}}))
+    try:
+        _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
+        endpoint.dispatcher.reconfigure(job_id, 3, {"full_fraction": 0.5, "partial_depth": 0.5})
+        endpoint.dispatcher.reconfigure(job_id + 1, 1, {})  # runs nowhere: nothing sent
+        command = stream.commands.get(timeout=10)
+        assert command.WhichOneof("command") == "reconfigure"
+        assert (command.reconfigure.job_id, command.reconfigure.config_version) == (job_id, 3)
+        assert json.loads(command.reconfigure.config_json) == {
+            "full_fraction": 0.5,
+            "partial_depth": 0.5,
+        }
         assert stream.commands.empty()
     finally:
         stream.close()

@@ -23,7 +23,10 @@ from scheduler.loop import SchedulerService
 from scheduler.models.jobs import cancel, resume, submit, suspend
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node
+from scheduler.plan import Plan, Reconfigure
+from scheduler.policies import POLICIES, fifo
 from scheduler.settings import SchedulerSettings
+from scheduler.snapshot import ClusterSnapshot
 from scheduler.states import JobState
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -396,3 +399,40 @@ def test_a_job_suspended_through_the_api_is_checkpointed_and_freed(
     loop.run_round(T0 + timedelta(seconds=2))
     assert state(factory, job_id) is JobState.RUNNING
     assert dispatcher.commands[-1] == Command("launch", job_id)
+
+
+def test_a_policy_reconfigures_a_running_job_once_per_change(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    half = {"full_fraction": 0.5, "partial_depth": 0.5, "rotation_period": 0}
+    seen: list[ClusterSnapshot] = []
+
+    def partial(snapshot: ClusterSnapshot) -> Plan:
+        """Starts like FIFO; then wants every running job at `half`, and a queued one."""
+        seen.append(snapshot)
+        plan = fifo.schedule(snapshot)
+        changes = [Reconfigure(job.id, half) for job in snapshot.jobs]
+        return Plan(start=plan.start, reconfigure=tuple(changes))
+
+    monkeypatch.setitem(POLICIES, "partial", partial)
+    add_nodes(factory, {"a": 2})
+    running, queued = add_job(factory, 2), add_job(factory, 2)
+    dispatcher = SimulatedDispatcher(iterations_per_second=1)
+    loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="partial")
+
+    first = loop.run_round(T0)  # places `running`; reconfiguring both is premature
+    assert (first.started, first.reconfigured, first.conflicts) == (1, 0, 2)
+    second = loop.run_round(T0 + timedelta(seconds=5))
+    assert (second.reconfigured, second.conflicts) == (1, 1)  # `queued` is not running
+    third = loop.run_round(T0 + timedelta(seconds=10))
+    assert third.reconfigured == 0  # already so: nothing to send
+
+    assert dispatcher.commands == [Command("launch", running), Command("reconfigure", running)]
+    with factory() as session:
+        holds = session.scalars(select(Allocation).where(Allocation.job_id == running)).all()
+    assert [(a.spb, a.config_version) for a in holds] == [(half, 1), (half, 1)]
+    [event] = events(factory, "reconfigure")
+    assert event.job_id == running and event.data["config_version"] == 1
+    assert event.data["spb"] == half and event.data["iteration"] == 5
+    assert [job.spb for job in seen[-1].jobs if job.id == running] == [half]
+    assert state(factory, queued) is JobState.QUEUED

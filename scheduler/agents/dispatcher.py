@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -204,6 +205,22 @@ class AgentDispatcher:
 
     def suspend(self, job_id: int) -> None:
         self._command(job_id, None, self._suspending, "suspend")
+
+    def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:
+        """Sent to every node of the job; rank 0's agent is the one that matters (rank 0
+        hands the configuration to its peers at the boundary). A node not connected now
+        misses it: its agent keeps the configuration it had."""
+        command = pb.ReconfigureCommand(
+            job_id=job_id, config_version=config_version, config_json=json.dumps(spb)
+        )
+        with self._lock:
+            sessions = [(name, self._sessions.get(name)) for name in self._jobs.get(job_id, {})]
+        for name, session in sessions:
+            if session is None:
+                logger.warning("reconfigure of job %d not sent: %s not connected", job_id, name)
+                continue
+            logger.info("reconfigure job %d on %s: version %d", job_id, name, config_version)
+            session.send(pb.SchedulerMessage(reconfigure=command))
 
     def poll(self, now: datetime) -> list[Report]:
         reports = []
