@@ -24,6 +24,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.tokens = TokenVerifier(app.state.session_factory, settings.api.auth_cache_seconds)
     errors.install(app)
     app.state.metrics = observability.install(app)
+    # The scheduler leader in this process (api/server.py) reports through it.
+    app.state.telemetry = app.state.metrics.scheduler
     for router in (health.router, jobs.router, cluster.router):
         app.include_router(router)
     return app

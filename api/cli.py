@@ -338,7 +338,7 @@ def agent(
     """Run a worker agent: serve this node's GPUs to the scheduler until Ctrl-C."""
     import threading
 
-    from api.server import configure_logging
+    from api.logs import configure_logging
     from worker_agent.agent import AgentRejected, run_agent
     from worker_agent.settings import AgentSettings
 
@@ -354,7 +354,7 @@ def agent(
         settings = AgentSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         _fail(f"invalid agent setting: {'; '.join(_format_errors(exc))}", EXIT_BAD_INPUT)
-    configure_logging(log_level)
+    configure_logging(log_level, _settings().log.format)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda _signum, _frame: stop.set())

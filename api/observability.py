@@ -1,4 +1,9 @@
-"""Prometheus metrics of the API, on a registry per app (tests run several apps).
+"""Prometheus metrics, on a registry per app (tests run several apps).
+
+Three sources share the registry `/metrics` serves: the API's request counters (here),
+the scheduler's rounds, decisions and ingested reports (`scheduler.telemetry`, fed by
+the leader's loop and report writer in the same process), and counts read from the
+database at scrape time (jobs by state, GPUs and nodes by state, cluster efficiency).
 
 Labels are bounded: the route *template* (`/v1/jobs/{job_id}`), never the raw path, and
 the status class (`2xx`), never a job id.
@@ -24,17 +29,20 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from scheduler.db import transaction
+from scheduler.models.cluster import capacity
+from scheduler.models.efficiency import cluster_efficiency
 from scheduler.models.jobs import count_by_state
 from scheduler.states import JobState
+from scheduler.telemetry import SchedulerTelemetry
 
 logger = logging.getLogger(__name__)
 
 
-class JobStateCollector(Collector):
-    """`jigsaw_jobs{state=...}`, counted in the database when Prometheus scrapes.
+class DatabaseCollector(Collector):
+    """Gauges counted in the database when Prometheus scrapes.
 
-    Counting at scrape time keeps the gauge right whichever process (API replica or
-    scheduler) changed the jobs; a database outage drops the gauge, not the scrape.
+    Counting at scrape time keeps them right whichever process (API replica or scheduler
+    leader) changed the jobs; a database outage drops the gauges, not the scrape.
     """
 
     def __init__(self, factory: sessionmaker[Session]) -> None:
@@ -43,14 +51,46 @@ class JobStateCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             with transaction(self._factory) as session:
-                counts = count_by_state(session)
+                jobs = count_by_state(session)
+                counts = capacity(session)
+                efficiency = cluster_efficiency(session)
         except Exception:  # noqa: BLE001 - /readyz reports the database; metrics go on
-            logger.warning("could not count jobs by state for /metrics", exc_info=True)
+            logger.warning("could not read the cluster's counts for /metrics", exc_info=True)
             return
         gauge = GaugeMetricFamily("jigsaw_jobs", "Jobs by state.", labels=["state"])
         for state in JobState:
-            gauge.add_metric([state.value], counts.get(state, 0))
+            gauge.add_metric([state.value], jobs.get(state, 0))
         yield gauge
+        gauge = GaugeMetricFamily(
+            "jigsaw_gpus",
+            "GPUs by state: busy (held by a job), free (placeable), unavailable (on a dead "
+            "or unschedulable node).",
+            labels=["state"],
+        )
+        for gpu_state, count in counts.gpus.items():
+            gauge.add_metric([gpu_state], count)
+        yield gauge
+        gauge = GaugeMetricFamily(
+            "jigsaw_nodes", "Nodes by state: alive, unschedulable, dead.", labels=["state"]
+        )
+        for node_state, count in counts.nodes.items():
+            gauge.add_metric([node_state], count)
+        yield gauge
+        for name, value, help_text in (
+            (
+                "jigsaw_cluster_allocation_ratio",
+                efficiency.allocation,
+                "GPU-seconds held by jobs over the last hour / GPU-seconds available.",
+            ),
+            (
+                "jigsaw_cluster_efficiency_ratio",
+                efficiency.efficiency,
+                "GPU-seconds held x measured utilization over the last hour / GPU-seconds "
+                "available (scheduler/models/efficiency.py).",
+            ),
+        ):
+            if value is not None:
+                yield GaugeMetricFamily(name, help_text, value=value)
 
 
 class ApiMetrics:
@@ -68,8 +108,9 @@ class ApiMetrics:
             ("route", "method"),
             registry=self.registry,
         )
+        self.scheduler = SchedulerTelemetry(self.registry)
         if factory is not None:
-            self.registry.register(JobStateCollector(factory))
+            self.registry.register(DatabaseCollector(factory))
 
     def observe(self, scope: Scope, status: int, seconds: float) -> None:
         # The router stores the matched route in the (shared) scope; unmatched paths such

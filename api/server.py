@@ -5,29 +5,33 @@ Start-up, in order:
   2. on first start, create the `admin` user and an admin token and store them in
      `$JIGSAW_HOME/credentials.json` (0600) for the CLI; later starts reuse that token
      while it still authenticates;
-  3. take the scheduler leader lock without waiting: if another process leads this
-     database, serve the API only;
+  3. campaign for the scheduler leader lock in a background thread
+     (`scheduler.leader.campaign`): while another replica leads this database, serve
+     the API only and retry every `leader_retry_seconds`;
   4. as leader, either serve the gRPC endpoint worker agents dial (with a cluster token
      in `$JIGSAW_HOME/agent-token`, optionally starting local agents with virtual GPUs),
      or, with `--simulated-nodes`, register simulated nodes that this process
-     heartbeats; then run the round loop in a daemon thread;
-  5. serve HTTP with uvicorn in the foreground until SIGINT/SIGTERM, then unwind in
-     reverse: stop the loop, the local agents, the gRPC endpoint and the report writer,
-     hand back simulated nodes' jobs and release the lock.
+     heartbeats; optionally sync the Kubernetes node inventory; then run the round loop
+     until shutdown or until the lock is lost, when all of that is torn down again;
+  5. serve HTTP (API, dashboard, /metrics) with uvicorn in the foreground until
+     SIGINT/SIGTERM, then unwind in reverse: stop the loop, the local agents, the gRPC
+     endpoint and the report writer, hand back simulated nodes' jobs and release the
+     lock.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import filelock
 import uvicorn
@@ -43,6 +47,7 @@ from api.credentials import (
     save_credentials,
     write_private,
 )
+from api.logs import configure_logging
 from scheduler.db import engine_from_settings, session_factory, transaction
 from scheduler.dispatch import Dispatcher
 from scheduler.migrate import upgrade
@@ -59,6 +64,9 @@ from scheduler.orm import GPU, Agent, Allocation, Job, utcnow
 from scheduler.settings import Settings
 from scheduler.states import IllegalTransition, JobState, transition
 
+if TYPE_CHECKING:
+    from scheduler.telemetry import SchedulerTelemetry
+
 logger = logging.getLogger("jigsaw.server")
 
 ADMIN_USER = "admin"
@@ -69,18 +77,6 @@ VIRTUAL_GPU_MEMORY = 16 * 1024**3
 VIRTUAL_AGENT_VERSION = "simulated"
 DEFAULT_SIM_ITERATIONS_PER_SECOND = 50.0
 _THREAD_JOIN_SECONDS = 15.0
-
-
-def configure_logging(level: str = "info") -> None:
-    """Plain timestamped lines on stderr, unless the embedding program set logging up."""
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=level.upper(),
-            format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        )
-    else:
-        root.setLevel(level.upper())
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -255,10 +251,10 @@ def serve(
     """Run `jigsaw up` in the foreground until SIGINT/SIGTERM (see the module docstring)."""
     # Imported here so the CLI's other commands do not pay for FastAPI and the loop.
     from api.app import create_app
-    from scheduler.leader import LeaderLock
+    from scheduler.leader import LeaderLock, campaign
     from scheduler.loop import SchedulerService
 
-    configure_logging(log_level)
+    configure_logging(log_level, settings.log.format)
     if port == 0:
         port = free_port(host)
     stop = threading.Event()
@@ -287,38 +283,48 @@ def serve(
             upgrade(engine)
             url = local_url(host, port)
             bootstrap_credentials(factory, settings.home, url)
+            app = create_app(settings)
+            telemetry: SchedulerTelemetry = app.state.telemetry
 
-            leading = lock is not None and lock.acquire(blocking=False)
-            if lock is not None and not leading:
-                logger.warning(
-                    "another scheduler already leads this database (%s); serving the API only",
-                    lock.describe(),
-                )
-            if (simulated_nodes or local_agents) and not leading:
-                logger.warning("simulated nodes and local agents need the scheduler; skipped")
-            if leading:
-                assert lock is not None
-                stack.callback(lock.release)
-                logger.info(
-                    "scheduler leader (%s), policy %s", lock.describe(), settings.scheduler.policy
-                )
-                dispatcher: Dispatcher
-                if simulated_nodes:
-                    dispatcher = _simulated_nodes(
-                        stack, factory, settings, stop, simulated_nodes, gpus_per_node,
-                        sim_iterations_per_second,
-                    )  # fmt: skip
-                else:
-                    dispatcher = _agents_endpoint(
-                        stack, factory, settings, stop, local_agents, gpus_per_agent
-                    )
-                service = SchedulerService(
-                    factory, dispatcher, settings.scheduler, settings.scheduler.policy
-                )
-                _background(stack, stop, "jigsaw-scheduler", service.run_forever, stop)
+            if lock is not None:
+                leader_name = f"{socket.gethostname()}:{os.getpid()}"
 
+                def lead(stopping: threading.Event, leading: Callable[[], bool]) -> None:
+                    """Run the scheduler while this process holds the leader lock."""
+                    logger.info("scheduler leader %s, policy %s", leader_name,
+                                settings.scheduler.policy)  # fmt: skip
+                    role_stop = threading.Event()
+                    with ExitStack() as role:
+                        telemetry.leader.set(1)
+                        role.callback(telemetry.leader.set, 0)
+                        role.callback(role_stop.set)
+                        dispatcher: Dispatcher
+                        if simulated_nodes:
+                            dispatcher = _simulated_nodes(
+                                role, factory, settings, role_stop, simulated_nodes,
+                                gpus_per_node, sim_iterations_per_second,
+                            )  # fmt: skip
+                        else:
+                            dispatcher = _agents_endpoint(
+                                role, factory, settings, role_stop, local_agents,
+                                gpus_per_agent, telemetry,
+                            )  # fmt: skip
+                        if settings.kubernetes.enabled:
+                            _node_inventory(role, factory, settings, role_stop)
+                        service = SchedulerService(
+                            factory,
+                            dispatcher,
+                            settings.scheduler,
+                            settings.scheduler.policy,
+                            telemetry=telemetry,
+                            leader_name=leader_name,
+                        )
+                        service.run_forever(stopping, leading)
+
+                _background(stack, stop, "jigsaw-leader", campaign, lock, lead, stop,
+                            settings.scheduler.leader_retry_seconds)  # fmt: skip
             config = uvicorn.Config(
-                create_app(settings),
+                app,
                 host=host,
                 port=port,
                 log_config=None,
@@ -328,7 +334,7 @@ def serve(
             )
             server = uvicorn.Server(config)
             if not stop.is_set():
-                logger.info("API on %s (docs at %s/docs)", url, url)
+                logger.info("API on %s (dashboard at %s/ui/, docs at %s/docs)", url, url, url)
                 server.run()
     finally:
         engine.dispose()
@@ -351,6 +357,16 @@ def _background(
             logger.warning("thread %s did not stop in time", name)
 
     stack.callback(join)
+
+
+def _node_inventory(
+    stack: ExitStack, factory: sessionmaker[Session], settings: Settings, stop: threading.Event
+) -> None:
+    """Keep nodes' schedulability in line with the Kubernetes API (JIGSAW_KUBERNETES_*)."""
+    from scheduler.kube import NodeInventory, core_api
+
+    inventory = NodeInventory(factory, settings.kubernetes, core_api(settings.kubernetes))
+    _background(stack, stop, "jigsaw-node-inventory", inventory.run_forever, stop)
 
 
 def _simulated_nodes(
@@ -395,6 +411,7 @@ def _agents_endpoint(
     stop: threading.Event,
     local_agents: int,
     gpus_per_agent: int,
+    telemetry: SchedulerTelemetry,
 ) -> Dispatcher:
     """The gRPC endpoint real agents dial, its dispatcher, and optionally local agents."""
     from api.local_agents import LocalAgents
@@ -403,7 +420,7 @@ def _agents_endpoint(
     from scheduler.agents.server import start_server
     from scheduler.agents.service import AgentService
 
-    writer = ReportWriter(factory)
+    writer = ReportWriter(factory, telemetry=telemetry)
     writer.start()
     stack.callback(writer.close)
     dispatcher = AgentDispatcher(

@@ -1,15 +1,22 @@
-"""One scheduler loop per database: the leader lock.
+"""One scheduler loop per database: the leader lock, and the campaign for it.
 
 Two loops on one database would place jobs on the same GPUs. On PostgreSQL the lock is a
 session-level advisory lock on a connection kept open for as long as the lock is held, so
 the server frees it by itself when the leader's process or connection dies. SQLite has no
 such lock, so a file lock beside the database file plays its part (released by the OS
 when the process dies).
+
+High availability: every replica that may schedule runs `campaign`, which tries the lock
+every `leader_retry_seconds`. The holder runs the scheduler until it stops or its lock
+check fails (its lock connection broke, so the server may already have handed the lock
+to another replica); then it tears the scheduler down and campaigns again.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -20,6 +27,13 @@ logger = logging.getLogger(__name__)
 
 # Arbitrary constant naming "JigSaw scheduler leader" among PostgreSQL advisory locks.
 LEADER_LOCK_ID = 0x4A16_5C01
+
+# Server-side TCP keepalive of the lock's session: when the leader's host vanishes
+# without closing its socket (power loss, partition), PostgreSQL notices after about
+# idle + interval * count = 5 + 2 * 3 seconds and frees the lock for another replica,
+# instead of after the kernel default of two hours. A SIGKILLed process needs none of
+# this: its kernel closes the socket and the server frees the lock at once.
+_KEEPALIVE = {"tcp_keepalives_idle": 5, "tcp_keepalives_interval": 2, "tcp_keepalives_count": 3}
 
 
 class LeaderUnavailable(RuntimeError):
@@ -83,8 +97,29 @@ class LeaderLock:
         if got is False:
             connection.close()
             return False
+        for name, value in _KEEPALIVE.items():
+            # Not a bound parameter: SET takes none. Names and values are constants.
+            connection.exec_driver_sql(f"SET {name} = {int(value)}")
         self._connection = connection
         return True
+
+    def verify(self) -> bool:
+        """Whether the lock is still held: the file lock, or the lock's PostgreSQL session
+        (alive session = lock held). A broken session is dropped, and False returned."""
+        if self._file is not None:
+            return self._file.is_locked
+        connection = self._connection
+        if connection is None:
+            return False
+        try:
+            connection.execute(text("SELECT 1"))
+            return True
+        except Exception:
+            logger.exception("the leader lock's database session broke")
+            self._connection = None
+            connection.invalidate()
+            connection.close()
+            return False
 
     def release(self) -> None:
         if self._file is not None:
@@ -117,3 +152,43 @@ class LeaderLock:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def campaign(
+    lock: LeaderLock,
+    lead: Callable[[threading.Event, Callable[[], bool]], None],
+    stop: threading.Event,
+    retry_seconds: float,
+) -> None:
+    """Until `stop`: take the lock when free, then `lead(stop, lock.verify)` while held.
+
+    `lead` runs the scheduler and returns when `stop` is set or the check fails; the lock
+    is released (if still held) after it returns or raises, and the campaign goes on.
+    """
+    announced = False
+    while not stop.is_set():
+        try:
+            leading = lock.acquire(blocking=False)
+        except Exception:
+            logger.exception("could not try the scheduler leader lock; retrying")
+            leading = False
+        if leading:
+            announced = False
+            logger.info("became the scheduler leader (%s)", lock.describe())
+            try:
+                lead(stop, lock.verify)
+            except Exception:
+                logger.exception("the scheduler failed; giving up the leader lock")
+            finally:
+                lock.release()
+            if not stop.is_set():
+                logger.warning("stepped down as scheduler leader; campaigning again")
+        elif not announced:
+            logger.info(
+                "another replica leads the scheduler (%s); serving the API and retrying "
+                "every %.1f s",
+                lock.describe(),
+                retry_seconds,
+            )
+            announced = True
+        stop.wait(retry_seconds)

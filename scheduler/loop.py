@@ -17,20 +17,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler import rounds
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
+from scheduler.models.rounds import prune_rounds, record_round
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
 from scheduler.plan import Placement, Plan, Reconfigure
 from scheduler.policies import get_policy
+from scheduler.rounds import Decision, RoundResult
 from scheduler.settings import SchedulerSettings
 from scheduler.snapshot import ClusterSnapshot, build_snapshot
 from scheduler.states import TERMINAL, IllegalTransition, JobState, transition
+from scheduler.telemetry import SchedulerTelemetry
 
 logger = logging.getLogger(__name__)
 
@@ -45,21 +49,8 @@ _PLACED = (JobState.SCHEDULED, JobState.RUNNING)
 _RELEASED = (*TERMINAL, JobState.SUSPENDED)
 # A job's message holds the end of an error, not a whole log.
 _MESSAGE_CHARS = 4000
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    reports: int = 0  # reports ingested
-    finished: int = 0  # jobs that succeeded or failed
-    agents_lost: int = 0
-    requeued: int = 0  # jobs sent back to the queue: agent lost, or their processes gone
-    released: int = 0  # ended jobs (e.g. cancelled) whose GPUs were freed
-    started: int = 0  # placements launched and running
-    suspended: int = 0
-    stopped: int = 0  # jobs the policy gave up on
-    reconfigured: int = 0  # running jobs given a new SPB configuration
-    conflicts: int = 0  # transitions lost to a concurrent change
-    seconds: float = 0.0
+# Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT once every this many rounds.
+_PRUNE_EVERY = 100
 
 
 class SchedulerService:
@@ -69,29 +60,71 @@ class SchedulerService:
         dispatcher: Dispatcher,
         settings: SchedulerSettings,
         policy_name: str | None = None,
+        *,
+        telemetry: SchedulerTelemetry | None = None,
+        leader_name: str = "",
     ) -> None:
         self._factory = factory
         self._dispatcher = dispatcher
         self._settings = settings
         self._policy_name = policy_name or settings.policy
         self._policy = get_policy(self._policy_name)
+        self._telemetry = telemetry
+        self._leader_name = leader_name
         self._conflicts = 0
+        self._decisions: list[Decision] = []
+        self._recorded = 0
 
-    def run_forever(self, stop: threading.Event) -> None:
-        """Run rounds every `round_seconds` until `stop` is set; a failed round is logged."""
+    def run_forever(self, stop: threading.Event, leading: Callable[[], bool] | None = None) -> None:
+        """Run rounds every `round_seconds` until `stop` is set, or until `leading` (the
+        leader lock's check, asked before every round) says this process lost the lock.
+
+        A failed round is logged and recorded; the loop goes on.
+        """
         while not stop.is_set():
+            if leading is not None and not leading():
+                logger.error("lost the scheduler leader lock; no more rounds here")
+                return
             started = time.monotonic()
+            clock = time.perf_counter()
+            now = utcnow()
             try:
-                result = self.run_round()
+                result = self.run_round(now)
                 logger.debug("round: %s", result)
-            except Exception:
+                self.record(result)
+            except Exception as exc:
                 logger.exception("scheduling round failed; retrying next round")
+                partial = RoundResult(
+                    started_at=now,
+                    conflicts=self._conflicts,
+                    seconds=time.perf_counter() - clock,
+                    decisions=tuple(self._decisions),
+                )
+                self.record(partial, error=f"{type(exc).__name__}: {exc}"[:_MESSAGE_CHARS])
             stop.wait(max(self._settings.round_seconds - (time.monotonic() - started), 0.0))
+
+    def record(self, result: RoundResult, error: str | None = None) -> None:
+        """Count the round in Prometheus and store it for the dashboard (unless
+        `rounds_kept` is 0); a failure to store is logged, never raised."""
+        if self._telemetry is not None:
+            self._telemetry.observe_round(result, error)
+        keep = self._settings.rounds_kept
+        if keep == 0:
+            return
+        try:
+            with transaction(self._factory) as session:
+                record_round(session, result, leader=self._leader_name, error=error)
+                self._recorded += 1
+                if self._recorded % _PRUNE_EVERY == 0:
+                    prune_rounds(session, keep)
+        except Exception:
+            logger.exception("could not store the scheduling round")
 
     def run_round(self, now: datetime | None = None) -> RoundResult:
         now = now or utcnow()
         started = time.perf_counter()
         self._conflicts = 0
+        self._decisions = []
         reports = self._dispatcher.poll(now)
         finished = self._ingest(reports, now)
         agents_lost, requeued = self._expire_agents(now)
@@ -104,6 +137,7 @@ class SchedulerService:
         reconfigured = self._reconfigure(plan.reconfigure, now)
         launched = self._start(plan, snapshot, now)
         return RoundResult(
+            started_at=now,
             reports=len(reports),
             finished=finished,
             agents_lost=agents_lost,
@@ -115,6 +149,7 @@ class SchedulerService:
             reconfigured=reconfigured,
             conflicts=self._conflicts,
             seconds=time.perf_counter() - started,
+            decisions=tuple(self._decisions),
         )
 
     # -- 1. reports -----------------------------------------------------------------
@@ -155,13 +190,19 @@ class SchedulerService:
             if job.failures < limit:
                 job.failures += 1
                 why = f"retry {job.failures} of {limit} after a crash: {report.message}"
-                return self._transition(session, job, JobState.QUEUED, _clip(why))
+                if not self._transition(session, job, JobState.QUEUED, _clip(why)):
+                    return False
+                self._decide(rounds.REQUEUE, job.id, reason="crash", retry=job.failures)
+                return True
             return self._transition(session, job, JobState.FAILED, _clip(report.message))
         if report.outcome in (RunOutcome.SUSPENDED, RunOutcome.STOPPED):
             # Nobody asked a RUNNING job to end: its processes went away on their own.
-            return self._transition(
+            if not self._transition(
                 session, job, JobState.QUEUED, f"processes ended unasked ({report.outcome})"
-            )
+            ):
+                return False
+            self._decide(rounds.REQUEUE, job.id, reason=f"processes ended ({report.outcome})")
+            return True
         return False
 
     # -- 2. liveness ----------------------------------------------------------------
@@ -174,11 +215,19 @@ class SchedulerService:
             ).all()
             if not lost:
                 return 0, 0
-            lost_names = list(
-                session.scalars(select(Node.name).where(Node.id.in_([a.node_id for a in lost])))
+            names: dict[int, str] = dict(
+                session.execute(
+                    select(Node.id, Node.name).where(Node.id.in_([a.node_id for a in lost]))
+                )
+                .tuples()
+                .all()
             )
+            lost_names = list(names.values())
             for agent in lost:
                 agent.alive = False
+                self._decide(
+                    rounds.AGENT_LOST, None, agent_id=agent.id, node=names.get(agent.node_id)
+                )
                 session.add(
                     Event(
                         kind="agent_lost",
@@ -205,10 +254,13 @@ class SchedulerService:
                 if job.state in _REQUEUE_FROM
                 and self._transition(session, job, JobState.QUEUED, "agent lost")
             ]
+            for job_id in requeued:
+                self._decide(rounds.REQUEUE, job_id, reason="agent lost")
             logger.warning(
                 "agents lost on nodes %s; requeued jobs %s",
                 [agent.node_id for agent in lost],
                 requeued,
+                extra={"agent_ids": [agent.id for agent in lost]},
             )
         # Only after the commit: a dispatcher must never act on a decision that rolled back.
         for name in lost_names:
@@ -231,6 +283,8 @@ class SchedulerService:
                 .distinct()
             ).all()
             _release(session, ended, now)
+        for job_id in ended:
+            self._decide(rounds.RELEASE, job_id)
         return len(ended)
 
     def _reconcile(self, now: datetime) -> int:
@@ -280,6 +334,8 @@ class SchedulerService:
                 )
             ]
             _release(session, lost, now)
+        for job_id in lost:
+            self._decide(rounds.REQUEUE, job_id, reason="processes gone")
         self._command(self._dispatcher.stop, lost)
         for job_id, nodes in active.items():
             job_state = states.get(job_id)
@@ -291,7 +347,12 @@ class SchedulerService:
                     try:
                         self._dispatcher.stop(job_id, node)
                     except Exception:
-                        logger.exception("stopping stray job %d on %s failed", job_id, node)
+                        logger.exception(
+                            "stopping stray job %d on %s failed",
+                            job_id,
+                            node,
+                            extra={"job_id": job_id},
+                        )
         return len(lost)
 
     # -- 4. the plan ----------------------------------------------------------------
@@ -299,8 +360,12 @@ class SchedulerService:
     def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:
         """Suspend and stop what the policy asked, releasing those jobs' GPUs."""
         suspended = self._end_each(plan.suspend, JobState.SUSPENDED, "suspended by policy", now)
+        for job_id in suspended:
+            self._decide(rounds.SUSPEND, job_id)
         self._command(self._dispatcher.suspend, suspended)
         stopped = self._end_each(plan.stop, JobState.FAILED, "stopped by policy", now)
+        for job_id in stopped:
+            self._decide(rounds.STOP, job_id)
         self._command(self._dispatcher.stop, stopped)
         return len(suspended), len(stopped)
 
@@ -358,6 +423,13 @@ class SchedulerService:
                         created_at=now,
                     )
                 )
+            self._decide(
+                rounds.RECONFIGURE,
+                change.job_id,
+                spb=dict(change.spb),
+                config_version=version,
+                iteration=job.iterations_done,
+            )
             try:
                 self._dispatcher.reconfigure(change.job_id, version, dict(change.spb))
             except Exception:
@@ -395,7 +467,9 @@ class SchedulerService:
         try:
             acknowledged = self._dispatcher.launch(launch)
         except Exception:
-            logger.exception("launching job %d failed", launch.job_id)
+            logger.exception(
+                "launching job %d failed", launch.job_id, extra={"job_id": launch.job_id}
+            )
             acknowledged = False
         with transaction(self._factory) as session:
             job = session.get(Job, launch.job_id)
@@ -406,6 +480,7 @@ class SchedulerService:
                 return self._transition(session, job, JobState.RUNNING, "launched")
             if self._transition(session, job, JobState.QUEUED, "launch refused"):
                 _release(session, [job.id], now)
+                self._decide(rounds.LAUNCH_REFUSED, job.id)
             return False
 
     def _allocate(self, placement: Placement, workers: tuple[Worker, ...], now: datetime) -> bool:
@@ -442,9 +517,23 @@ class SchedulerService:
                     },
                 )
             )
+            self._decide(
+                rounds.LEASE,
+                job.id,
+                gpus=len(workers),
+                nodes=sorted({worker.node_name for worker in workers}),
+                spb=placement.spb,
+                start_iteration=job.iterations_done,
+                lease_iterations=self._settings.lease_iterations,
+            )
         return True
 
     # -- helpers --------------------------------------------------------------------
+
+    def _decide(self, kind: str, job_id: int | None, **detail: Any) -> None:
+        """Note a decision of this round (stored with the round, counted by kind)."""
+        self._decisions.append(Decision(kind, job_id, detail))
+        logger.info("decision %s", kind, extra={"job_id": job_id, "decision": detail})
 
     def _transition(self, session: Session, job: Job, target: JobState, message: str) -> bool:
         """Transition, or log and count a lost race (the API changed the job meanwhile).
@@ -455,7 +544,7 @@ class SchedulerService:
         try:
             transition(session, job, target, actor=ACTOR, message=message)
         except IllegalTransition as exc:
-            logger.info("skipping job %d this round: %s", job.id, exc)
+            logger.info("skipping job %d this round: %s", job.id, exc, extra={"job_id": job.id})
             self._conflicts += 1
             return False
         return True
@@ -468,7 +557,12 @@ class SchedulerService:
             except Exception:
                 # The decision is committed and must stand; the log names the job whose
                 # workers may still be running, and their stale reports are ignored.
-                logger.exception("dispatching %s for job %d failed", command.__name__, job_id)
+                logger.exception(
+                    "dispatching %s for job %d failed",
+                    command.__name__,
+                    job_id,
+                    extra={"job_id": job_id},
+                )
 
 
 def _clip(message: str) -> str:

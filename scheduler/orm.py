@@ -24,6 +24,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -105,6 +106,10 @@ class Node(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(253), unique=True)
     address: Mapped[str] = mapped_column(String(255), default="")
+    # False while an operator keeps new work off the node (a cordoned or tainted
+    # Kubernetes node, see scheduler/kube.py); jobs already there keep running.
+    schedulable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    unschedulable_reason: Mapped[str] = mapped_column(String(255), default="", server_default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     gpus: Mapped[list[GPU]] = relationship(back_populates="node", order_by="GPU.index")
@@ -234,6 +239,27 @@ class ModelProfile(Base):
     key: Mapped[str] = mapped_column(String(200), default="")
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SchedulerRound(Base):
+    """One round the scheduler leader ran: when, how long, who ran it, what it decided.
+
+    `counts` holds the round's tallies (scheduler.loop.RoundResult); `decisions` is a
+    list of `{"kind": ..., "job_id": ..., <details>}` objects, one per decision, in the
+    order the loop made them (scheduler.rounds.Decision). Only recent rounds are kept
+    (JIGSAW_SCHEDULER_ROUNDS_KEPT); the audit trail of each job stays in `events`.
+    """
+
+    __tablename__ = "scheduler_rounds"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    seconds: Mapped[float] = mapped_column(Float)
+    leader: Mapped[str] = mapped_column(String(255), default="")
+    decision_count: Mapped[int] = mapped_column(Integer, default=0)
+    counts: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    decisions: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    error: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class Event(Base):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
 from pydantic import Field, field_validator, model_validator
@@ -106,6 +107,18 @@ class SchedulerSettings(BaseSettings):
         description="Iterations between a job's periodic checkpoints (0: only on suspend "
         "and success); a job whose node dies resumes from its last one.",
     )
+    rounds_kept: int = Field(
+        default=10_000,
+        ge=0,
+        description="Recent rounds (latency and decisions) kept in the database for the "
+        "dashboard's scheduler view; 0 stores none.",
+    )
+    leader_retry_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often a replica that is not the scheduler leader tries to take "
+        "the leader lock, so it takes over soon after the leader dies.",
+    )
 
 
 class GrpcSettings(BaseSettings):
@@ -164,6 +177,44 @@ class GrpcSettings(BaseSettings):
         return self
 
 
+class KubernetesSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_KUBERNETES_", extra="ignore")
+
+    enabled: bool = Field(
+        default=False,
+        description="Have the scheduler leader read the node inventory from the Kubernetes "
+        "API: cordoned, not Ready or tainted nodes take no new jobs (needs the `kubernetes` "
+        "extra and RBAC to list nodes).",
+    )
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="Kubeconfig file to use; unset means the in-cluster service account.",
+    )
+    node_selector: str = Field(
+        default="",
+        description="Label selector of the nodes JigSaw agents run on, e.g. "
+        "`nvidia.com/gpu.present=true`; empty lists every node.",
+    )
+    tolerated_taints: list[str] = Field(
+        default_factory=lambda: ["nvidia.com/gpu"],
+        description="Taint keys the agents tolerate (a JSON list); any other NoSchedule or "
+        "NoExecute taint makes a node unschedulable.",
+    )
+    sync_seconds: float = Field(
+        default=15.0, gt=0, description="How often the node inventory is read."
+    )
+
+
+class LogSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_LOG_", extra="ignore")
+
+    format: Literal["text", "json"] = Field(
+        default="text",
+        description="`text`: readable lines; `json`: one JSON object per line with the "
+        "job and agent ids as fields (for log collectors).",
+    )
+
+
 class Settings(BaseSettings):
     """All settings; sections are read independently from their own prefixes."""
 
@@ -183,6 +234,10 @@ class Settings(BaseSettings):
     grpc: GrpcSettings = Field(
         default_factory=GrpcSettings, description="The endpoint worker agents dial."
     )
+    kubernetes: KubernetesSettings = Field(
+        default_factory=KubernetesSettings, description="Kubernetes node inventory."
+    )
+    log: LogSettings = Field(default_factory=LogSettings, description="Log output.")
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -43,10 +43,13 @@ class NodeView:
     name: str
     alive: bool
     gpus: tuple[GPUView, ...] = ()
+    # False on a node operators keep new work off (cordoned or tainted in Kubernetes).
+    schedulable: bool = True
 
     def free_gpus(self) -> tuple[GPUView, ...]:
-        """GPUs a new job could take: none on a dead node, else those nobody holds."""
-        if not self.alive:
+        """GPUs a new job could take: none on a dead or unschedulable node, else those
+        nobody holds."""
+        if not (self.alive and self.schedulable):
             return ()
         return tuple(gpu for gpu in self.gpus if not gpu.holders)
 
@@ -94,7 +97,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
     """Read the cluster in four queries, whatever its size (nodes, GPUs, holds, jobs)."""
     # A node without an agent, or whose agent timed out, offers no capacity.
     node_rows = session.execute(
-        select(Node.id, Node.name, Agent.alive)
+        select(Node.id, Node.name, Agent.alive, Node.schedulable)
         .outerjoin(Agent, Agent.node_id == Node.id)
         .order_by(Node.name)  # names are unique: every later iteration is deterministic
     ).all()
@@ -126,8 +129,14 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             )
         )
     nodes = tuple(
-        NodeView(id=node_id, name=name, alive=bool(alive), gpus=tuple(gpus_by_node[node_id]))
-        for node_id, name, alive in node_rows
+        NodeView(
+            id=node_id,
+            name=name,
+            alive=bool(alive),
+            gpus=tuple(gpus_by_node[node_id]),
+            schedulable=bool(schedulable),
+        )
+        for node_id, name, alive, schedulable in node_rows
     )
 
     jobs = tuple(

@@ -230,7 +230,12 @@ def _dispatch(message: agent_pb2.SchedulerMessage, supervisor: Supervisor) -> No
         try:
             config = json_object(command.config_json, "config_json")
         except ValueError as exc:
-            logger.error("job %d: reconfiguration ignored: %s", command.job_id, exc)
+            logger.error(
+                "job %d: reconfiguration ignored: %s",
+                command.job_id,
+                exc,
+                extra={"job_id": command.job_id},
+            )
             return
         supervisor.reconfigure(command.job_id, command.config_version, config)
     else:

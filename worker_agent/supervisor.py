@@ -174,7 +174,11 @@ class Supervisor:
         """
         with self._lock:
             if command.job_id in self._jobs:
-                logger.warning("job %d already runs here: launch ignored", command.job_id)
+                logger.warning(
+                    "job %d already runs here: launch ignored",
+                    command.job_id,
+                    extra={"job_id": command.job_id},
+                )
                 return
             try:
                 configs = self._worker_configs(command)
@@ -191,9 +195,18 @@ class Supervisor:
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
-                logger.info("stop of job %d, which does not run here: nothing to do", job_id)
+                logger.info(
+                    "stop of job %d, which does not run here: nothing to do",
+                    job_id,
+                    extra={"job_id": job_id},
+                )
                 return
-            logger.info("stopping job %d%s", job_id, f": {reason}" if reason else "")
+            logger.info(
+                "stopping job %d%s",
+                job_id,
+                f": {reason}" if reason else "",
+                extra={"job_id": job_id},
+            )
             job.stop_requested = True
             job.action = Action.STOP
             _signal_ranks(job, signal.SIGTERM)
@@ -206,7 +219,11 @@ class Supervisor:
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
-                logger.warning("suspend of job %d, which does not run here: ignored", job_id)
+                logger.warning(
+                    "suspend of job %d, which does not run here: ignored",
+                    job_id,
+                    extra={"job_id": job_id},
+                )
             elif job.action is Action.CONTINUE:
                 job.action = Action.SUSPEND
 
@@ -215,7 +232,11 @@ class Supervisor:
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
-                logger.warning("reconfigure of job %d, which does not run here: ignored", job_id)
+                logger.warning(
+                    "reconfigure of job %d, which does not run here: ignored",
+                    job_id,
+                    extra={"job_id": job_id},
+                )
             elif config_version <= job.config_version:
                 logger.warning(
                     "job %d: configuration version %d is not newer than %d: ignored",
@@ -364,7 +385,7 @@ class Supervisor:
             )
         except OSError as exc:
             job.failure = f"could not start the job's processes: {exc}"
-            logger.error("job %d: %s", job.job_id, job.failure)
+            logger.error("job %d: %s", job.job_id, job.failure, extra={"job_id": job.job_id})
             if not job.ranks:
                 del self._jobs[job.job_id]
                 self.outbound.put(_failed_exit(job.job_id, job.failure))
@@ -409,7 +430,7 @@ class Supervisor:
         )
 
     def _fail_before_start(self, job_id: int, message: str) -> None:
-        logger.error("job %d: launch refused: %s", job_id, message)
+        logger.error("job %d: launch refused: %s", job_id, message, extra={"job_id": job_id})
         self.outbound.put(_failed_exit(job_id, message))
 
     def _kill(self, job: _Job) -> None:
@@ -664,7 +685,13 @@ class Supervisor:
                 rank.exit_message = message
                 job.iteration = max(job.iteration, message["iteration"])
         else:
-            logger.warning("job %d rank %d: unknown message %r", job.job_id, rank.rank, kind)
+            logger.warning(
+                "job %d rank %d: unknown message %r",
+                job.job_id,
+                rank.rank,
+                kind,
+                extra={"job_id": job.job_id},
+            )
         return None
 
 
@@ -754,7 +781,9 @@ def _job_exit(job: _Job) -> agent_pb2.JobExit:
             f"rank {rank.rank} exit code {rank.returncode}" for rank in ranks
         )
     iterations = [rank.exit_message["iteration"] for rank in ranks if rank.exit_message]
-    logger.info("job %d: %s (exit codes %s)", job.job_id, outcome.value, codes)
+    logger.info(
+        "job %d: %s (exit codes %s)", job.job_id, outcome.value, codes, extra={"job_id": job.job_id}
+    )
     return agent_pb2.JobExit(
         job_id=job.job_id,
         outcome=_PROTO_OUTCOME[outcome],

@@ -157,19 +157,34 @@ class AgentDispatcher:
             sessions = {node: self._sessions.get(node) for node in by_node}
             missing = sorted(node for node, s in sessions.items() if s is None)
             if missing:
-                logger.warning("job %d not launched: %s not connected", launch.job_id, missing)
+                logger.warning(
+                    "job %d not launched: %s not connected",
+                    launch.job_id,
+                    missing,
+                    extra={"job_id": launch.job_id},
+                )
                 return False
             exiting = sorted(self._jobs.get(launch.job_id, {}))
             if exiting:
                 # The previous run's processes have not exited yet (a resume right after
                 # a suspend): starting now would race their checkpoint.
-                logger.info("job %d not launched: still exiting on %s", launch.job_id, exiting)
+                logger.info(
+                    "job %d not launched: still exiting on %s",
+                    launch.job_id,
+                    exiting,
+                    extra={"job_id": launch.job_id},
+                )
                 return False
             busy = self._busy_gpus(by_node)
             if busy:
                 # The database freed these GPUs, but the processes of a job that was
                 # suspended or stopped still hold them for a moment.
-                logger.info("job %d not launched: GPUs %s still busy", launch.job_id, busy)
+                logger.info(
+                    "job %d not launched: GPUs %s still busy",
+                    launch.job_id,
+                    busy,
+                    extra={"job_id": launch.job_id},
+                )
                 return False
             port = self._free_port()
             self._job_ports[launch.job_id] = port
@@ -274,7 +289,7 @@ class AgentDispatcher:
         for name, session in targets:
             if session is None:
                 continue
-            logger.info("%s job %d on %s", kind, job_id, name)
+            logger.info("%s job %d on %s", kind, job_id, name, extra={"job_id": job_id})
             if kind == "stop":
                 session.send(pb.SchedulerMessage(stop=pb.StopCommand(job_id=job_id)))
             else:

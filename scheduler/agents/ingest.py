@@ -25,6 +25,7 @@ from scheduler.db import transaction
 from scheduler.models.agents import record_heartbeats
 from scheduler.models.metrics import record
 from scheduler.orm import Job, JobLog, table_of, utcnow
+from scheduler.telemetry import SchedulerTelemetry
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,10 @@ class ReportWriter:
         max_rows: int = 5000,
         max_delay_seconds: float = 0.2,
         capacity: int = 10_000,
+        telemetry: SchedulerTelemetry | None = None,
     ) -> None:
         self._factory = factory
+        self._telemetry = telemetry
         self._max_rows = max_rows
         self._max_delay = max_delay_seconds
         self._queue: queue.Queue[_Item | None] = queue.Queue(maxsize=capacity)
@@ -146,7 +149,15 @@ class ReportWriter:
             with transaction(self._factory) as session:
                 _write(session, batch)
             self.rows_written += len(batch.metrics)
+            if self._telemetry is not None:
+                reports = self._telemetry.reports
+                reports.labels("iterations").inc(len(batch.metrics))
+                reports.labels("logs").inc(len(batch.logs))
+                reports.labels("evaluations").inc(len(batch.evaluations))
+                reports.labels("heartbeats").inc(len(batch.heartbeats))
         except Exception:
+            if self._telemetry is not None:
+                self._telemetry.reports_dropped.inc(len(batch.metrics) + len(batch.logs))
             # Reports are observations, not decisions: losing one batch beats stopping
             # the writer, which would block every agent.
             logger.exception(

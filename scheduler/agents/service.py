@@ -125,6 +125,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             request.node_name,
             len(slots),
             request.agent_version,
+            extra={"node": request.node_name, "agent_id": registration.agent_id},
         )
         return pb.RegisterResponse(
             agent_id=registration.agent_id,
@@ -160,7 +161,12 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             hello.node_name, node_id, agent_id, running, hello.exits
         )
         self._writer.heartbeat(agent_id)
-        logger.info("agent %s connected, running jobs %s", hello.node_name, sorted(running))
+        logger.info(
+            "agent %s connected, running jobs %s",
+            hello.node_name,
+            sorted(running),
+            extra={"node": hello.node_name, "agent_id": agent_id},
+        )
         failure: list[InvalidMessage] = []
         reader = threading.Thread(
             target=self._read,
@@ -177,7 +183,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 yield message
         finally:
             self._dispatcher.close_session(session_)
-            logger.info("agent %s disconnected", hello.node_name)
+            logger.info("agent %s disconnected", hello.node_name, extra={"node": hello.node_name})
         if failure:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure[0]))
 
@@ -193,12 +199,21 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                     return
                 self._handle(session, message)
         except InvalidMessage as exc:
-            logger.warning("agent %s broke the protocol: %s", session.node_name, exc)
+            logger.warning(
+                "agent %s broke the protocol: %s",
+                session.node_name,
+                exc,
+                extra={"node": session.node_name, "agent_id": session.agent_id},
+            )
             failure.append(exc)
         except grpc.RpcError:
             pass  # the agent went away; the stream's end says so
         except Exception:
-            logger.exception("agent %s: handling a message failed", session.node_name)
+            logger.exception(
+                "agent %s: handling a message failed",
+                session.node_name,
+                extra={"node": session.node_name, "agent_id": session.agent_id},
+            )
         finally:
             session.close()
 

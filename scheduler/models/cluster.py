@@ -39,6 +39,8 @@ class NodeRow:
     alive: bool
     last_heartbeat_at: datetime | None
     agent_version: str
+    schedulable: bool = True
+    unschedulable_reason: str = ""
     gpus: list[GPURow] = field(default_factory=list)
 
 
@@ -54,6 +56,8 @@ def cluster_view(session: Session) -> list[NodeRow]:
             alive=bool(agent and agent.alive),
             last_heartbeat_at=agent.last_heartbeat_at if agent else None,
             agent_version=agent.version if agent else "",
+            schedulable=node.schedulable,
+            unschedulable_reason=node.unschedulable_reason,
         )
     gpus: dict[int, GPURow] = {}
     for gpu in session.scalars(select(GPU).order_by(GPU.node_id, GPU.index)):
@@ -97,3 +101,30 @@ def _latest_utilization(session: Session, job_ids: set[int]) -> dict[int, float 
         )
     )
     return {job_id: util for job_id, util in rows}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """GPUs by state (busy: held; free: placeable now; unavailable: on a dead or
+    unschedulable node) and nodes by state (alive, unschedulable, dead)."""
+
+    gpus: dict[str, int]
+    nodes: dict[str, int]
+
+
+def capacity(session: Session) -> Capacity:
+    """Counts for /metrics and the dashboard's totals; two queries."""
+    held = set(session.scalars(select(Allocation.gpu_id).where(Allocation.released_at.is_(None))))
+    nodes = {"alive": 0, "unschedulable": 0, "dead": 0}
+    usable: dict[int, bool] = {}
+    for node_id, alive, schedulable in session.execute(
+        select(Node.id, Agent.alive, Node.schedulable).outerjoin(Agent, Agent.node_id == Node.id)
+    ):
+        state = "dead" if not alive else "alive" if schedulable else "unschedulable"
+        nodes[state] += 1
+        usable[node_id] = state == "alive"
+    gpus = {"busy": 0, "free": 0, "unavailable": 0}
+    for gpu_id, node_id in session.execute(select(GPU.id, GPU.node_id)):
+        state = "busy" if gpu_id in held else "free" if usable.get(node_id) else "unavailable"
+        gpus[state] += 1
+    return Capacity(gpus=gpus, nodes=nodes)
