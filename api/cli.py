@@ -641,6 +641,30 @@ def whoami(
         out.print(f"[bold]{escape(str(key))}[/bold]: {escape(str(value))}")
 
 
+@app.command()
+def dashboard(
+    ctx: typer.Context,
+    open_browser: Annotated[
+        bool, typer.Option("--open", help="Also open it in this machine's web browser.")
+    ] = False,
+) -> None:
+    """Print the dashboard's address, signed in with the configured token.
+
+    The token travels in the URL's fragment (after `#`), which browsers never send to a
+    server; the page stores it for the tab and removes it from the address bar.
+    """
+    options = _options(ctx)
+    credentials = resolve(_settings(), url=options.url, token=options.token)
+    with _api(ctx) as client:
+        client.whoami()  # the token works, or exit 1 with the reason
+    url = f"{credentials.url.rstrip('/')}/ui/#token={credentials.token}"
+    typer.echo(url)
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(url)
+
+
 # -- database -------------------------------------------------------------------------
 
 

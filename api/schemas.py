@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from scheduler.orm import Event, Job, JobLog
+from scheduler.orm import Allocation, Event, Job, JobLog, SchedulerRound
 
 
 class JobOut(BaseModel):
@@ -117,6 +117,11 @@ class MetricPoint(BaseModel):
     samples_per_second: float | None
     loss: float | None
     utilization: float | None
+    spb_depth: float | None = Field(
+        default=None,
+        description="Mean backpropagation depth over the job's workers, as a fraction of "
+        "its stages (1 = full backprop); null until the runtime reports it.",
+    )
 
 
 class MetricSeries(BaseModel):
@@ -148,6 +153,8 @@ class NodeOut(BaseModel):
     id: int
     name: str
     alive: bool
+    schedulable: bool = Field(description="False while operators keep new jobs off it.")
+    unschedulable_reason: str
     last_heartbeat_at: datetime | None
     agent_version: str
     gpus: list[GPUOut]
@@ -155,10 +162,20 @@ class NodeOut(BaseModel):
 
 class ClusterTotals(BaseModel):
     gpus: int
-    gpus_busy: int
-    gpus_free: int
+    gpus_busy: int = Field(description="Held by a job.")
+    gpus_free: int = Field(description="Not held, on an alive and schedulable node.")
+    gpus_unavailable: int = Field(description="Not held, on a dead or unschedulable node.")
     jobs_queued: int
     jobs_running: int
+    jobs_by_state: dict[str, int]
+    window_seconds: float = Field(description="The window of allocation and efficiency.")
+    allocation: float | None = Field(
+        description="GPU-seconds held / available over the window; null without GPUs."
+    )
+    efficiency: float | None = Field(
+        description="GPU-seconds held x measured utilization / available over the window "
+        "(scheduler/models/efficiency.py); null without GPUs."
+    )
 
 
 class ClusterOut(BaseModel):
@@ -169,3 +186,69 @@ class ClusterOut(BaseModel):
 class WhoAmI(BaseModel):
     name: str
     is_admin: bool
+
+
+class AllocationOut(BaseModel):
+    """One worker's lease on one GPU: where, under which SPB configuration, how long."""
+
+    id: int
+    rank: int
+    gpu_id: int
+    node: str
+    gpu_index: int
+    spb: dict[str, Any]
+    lease_start_iteration: int
+    lease_iterations: int
+    created_at: datetime
+    released_at: datetime | None
+
+    @classmethod
+    def of(cls, allocation: Allocation, node: str, gpu_index: int) -> AllocationOut:
+        return cls(
+            id=allocation.id,
+            rank=allocation.rank,
+            gpu_id=allocation.gpu_id,
+            node=node,
+            gpu_index=gpu_index,
+            spb=allocation.spb,
+            lease_start_iteration=allocation.lease_start_iteration,
+            lease_iterations=allocation.lease_iterations,
+            created_at=allocation.created_at,
+            released_at=allocation.released_at,
+        )
+
+
+class AllocationPage(BaseModel):
+    items: list[AllocationOut] = Field(description="Newest first.")
+
+
+class RoundOut(BaseModel):
+    id: int
+    started_at: datetime
+    seconds: float
+    leader: str = Field(description="host:pid of the scheduler replica that ran it.")
+    counts: dict[str, int]
+    decisions: list[dict[str, Any]] = Field(
+        description='`{"kind", "job_id", ...details}` each, in the order made. Kinds: '
+        "lease, launch_refused, suspend, stop, requeue, release, agent_lost, and whatever "
+        "a policy adds (pack, reconfigure, ...). Decisions on other users' jobs show "
+        "only their kind."
+    )
+    error: str | None
+
+    @classmethod
+    def of(cls, row: SchedulerRound, decisions: list[dict[str, Any]]) -> RoundOut:
+        return cls(
+            id=row.id,
+            started_at=row.started_at,
+            seconds=row.seconds,
+            leader=row.leader,
+            counts=row.counts,
+            decisions=decisions,
+            error=row.error,
+        )
+
+
+class RoundPage(BaseModel):
+    items: list[RoundOut] = Field(description="Newest first.")
+    next_before: int | None = Field(description="Pass as `before` for older rounds.")

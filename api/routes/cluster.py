@@ -7,7 +7,8 @@ from fastapi import APIRouter
 from api.deps import Factory, User
 from api.schemas import ClusterOut, ClusterTotals, GPUOut, HolderOut, NodeOut, WhoAmI
 from scheduler.db import transaction
-from scheduler.models.cluster import Holder, cluster_view
+from scheduler.models.cluster import Holder, capacity, cluster_view
+from scheduler.models.efficiency import cluster_efficiency
 from scheduler.models.jobs import count_by_state
 from scheduler.models.users import Principal
 from scheduler.states import JobState
@@ -34,11 +35,15 @@ def cluster(user: User, factory: Factory) -> ClusterOut:
     with transaction(factory) as session:
         nodes = cluster_view(session)
         counts = count_by_state(session)
+        gpus_by_state = capacity(session).gpus
+        efficiency = cluster_efficiency(session)
     out = [
         NodeOut(
             id=n.id,
             name=n.name,
             alive=n.alive,
+            schedulable=n.schedulable,
+            unschedulable_reason=n.unschedulable_reason,
             last_heartbeat_at=n.last_heartbeat_at,
             agent_version=n.agent_version,
             gpus=[
@@ -55,16 +60,19 @@ def cluster(user: User, factory: Factory) -> ClusterOut:
         )
         for n in nodes
     ]
-    gpus = [g for n in out for g in n.gpus]
-    busy = sum(1 for g in gpus if g.holders)
     return ClusterOut(
         nodes=out,
         totals=ClusterTotals(
-            gpus=len(gpus),
-            gpus_busy=busy,
-            gpus_free=len(gpus) - busy,
+            gpus=sum(gpus_by_state.values()),
+            gpus_busy=gpus_by_state["busy"],
+            gpus_free=gpus_by_state["free"],
+            gpus_unavailable=gpus_by_state["unavailable"],
             jobs_queued=counts.get(JobState.QUEUED, 0),
             jobs_running=counts.get(JobState.RUNNING, 0),
+            jobs_by_state={state.value: counts.get(state, 0) for state in JobState},
+            window_seconds=efficiency.window_seconds,
+            allocation=efficiency.allocation,
+            efficiency=efficiency.efficiency,
         ),
     )
 

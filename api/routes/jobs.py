@@ -10,6 +10,8 @@ from sqlalchemy.orm import Session
 from api.deps import Factory, User
 from api.errors import ApiProblem
 from api.schemas import (
+    AllocationOut,
+    AllocationPage,
     EventOut,
     EventPage,
     JobOut,
@@ -164,3 +166,17 @@ def job_metrics(
         job_id=job_id,
         points=[MetricPoint(iteration=p.iteration, **p.values) for p in series],
     )
+
+
+@router.get("/{job_id}/allocations")
+def job_allocations(
+    job_id: JobId,
+    user: User,
+    factory: Factory,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+) -> AllocationPage:
+    """The job's GPU leases, newest first: node, GPU, rank, SPB configuration, lease."""
+    with transaction(factory) as session:
+        _owned(session, job_id, user)
+        rows = job_models.allocations(session, job_id, limit=limit)
+        return AllocationPage(items=[AllocationOut.of(*row) for row in rows])

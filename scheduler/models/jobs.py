@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from scheduler.jobspec import JobSpec
 from scheduler.models.users import Principal
-from scheduler.orm import Event, Job, JobLog, User
+from scheduler.orm import GPU, Allocation, Event, Job, JobLog, Node, User
 from scheduler.states import JobState, transition
 
 
@@ -126,3 +126,27 @@ def events(session: Session, job_id: int, *, after_id: int = 0, limit: int = 500
             .limit(limit)
         )
     )
+
+
+def allocations(
+    session: Session, job_id: int, *, limit: int = 500
+) -> list[tuple[Allocation, str, int]]:
+    """The job's holds on GPUs, newest lease first, with each GPU's node name and index:
+    where it ran, under which SPB configuration, for which iterations."""
+    rows = session.execute(
+        select(Allocation, Node.name, GPU.index)
+        .join(GPU, GPU.id == Allocation.gpu_id)
+        .join(Node, Node.id == GPU.node_id)
+        .where(Allocation.job_id == job_id)
+        .order_by(Allocation.id.desc())
+        .limit(limit)
+    ).all()
+    return [(allocation, node, index) for allocation, node, index in rows]
+
+
+def owners(session: Session, job_ids: Iterable[int]) -> dict[int, int]:
+    """Owner id of each of these jobs that still exists."""
+    ids = set(job_ids)
+    if not ids:
+        return {}
+    return dict(session.execute(select(Job.id, Job.owner_id).where(Job.id.in_(ids))).tuples().all())
