@@ -149,4 +149,5 @@ def owners(session: Session, job_ids: Iterable[int]) -> dict[int, int]:
     ids = set(job_ids)
     if not ids:
         return {}
-    return dict(session.execute(select(Job.id, Job.owner_id).where(Job.id.in_(ids))).tuples().all())
+    rows = session.execute(select(Job.id, Job.owner_id).where(Job.id.in_(ids)))
+    return {job_id: owner_id for job_id, owner_id in rows}
