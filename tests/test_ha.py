@@ -50,7 +50,7 @@ def test_killing_the_leader_hands_over_without_losing_or_relaunching_jobs(
         "JIGSAW_AGENT_RECONNECT_MAX_SECONDS": "1",
     }
     with ExitStack() as stack:
-        first = stack.enter_context(jigsaw_up(tmp_path, check=False, **env))
+        first = stack.enter_context(jigsaw_up(tmp_path, **env))
         wait_for(lambda: leads(first), "the first replica to lead")
         second = stack.enter_context(jigsaw_up(tmp_path, **env))
         cluster = Cluster(tmp_path, grpc_port, env, stack, server=first)
@@ -76,6 +76,7 @@ def test_killing_the_leader_hands_over_without_losing_or_relaunching_jobs(
             return {j: api[1].get(f"/v1/jobs/{j}").json()["iterations_done"] for j in jobs}
 
         wait_for(lambda: sum(done >= 20 for done in progress().values()) == 2, "two jobs training")
+        first.killed = True
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait()
         killed_at = time.monotonic()
