@@ -215,13 +215,12 @@ class SchedulerService:
             ).all()
             if not lost:
                 return 0, 0
-            names: dict[int, str] = dict(
-                session.execute(
+            names = {
+                node_id: name
+                for node_id, name in session.execute(
                     select(Node.id, Node.name).where(Node.id.in_([a.node_id for a in lost]))
                 )
-                .tuples()
-                .all()
-            )
+            }
             lost_names = list(names.values())
             for agent in lost:
                 agent.alive = False

@@ -24,6 +24,7 @@ from scheduler.models.rounds import prune_rounds
 from scheduler.orm import SchedulerRound
 from scheduler.settings import SchedulerSettings
 from scheduler.telemetry import SchedulerTelemetry
+from tests.cluster import wait_for
 from tests.conftest import LiveApi
 from tests.test_scheduler_loop import T0, add_job, add_nodes
 
@@ -150,25 +151,27 @@ def test_a_leader_whose_lock_session_dies_steps_down_and_a_follower_takes_over(
     stop = threading.Event()
     # The first retries slowly, so the lock it loses goes to the second.
     thread_a, terms_a, leading_a = _campaigner(first, stop, retry=30)
-    assert leading_a.wait(10)
-    thread_b, terms_b, leading_b = _campaigner(second, stop, retry=0.1)
-    assert not leading_b.wait(0.5)  # a follower while the first leads
+    try:
+        assert leading_a.wait(10)
+        thread_b, terms_b, leading_b = _campaigner(second, stop, retry=0.1)
+        assert not leading_b.wait(0.5)  # a follower while the first leads
 
-    # The server ends the leader's lock session (as when its connection dies).
-    with engines[2].connect() as admin:
-        killed = admin.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_locks "
-                "WHERE locktype = 'advisory' AND objid = :id AND granted"
-            ),
-            {"id": 0x4A16_5C01},
-        ).scalars()
-        assert list(killed) == [True]
-    assert leading_b.wait(10)
-    assert terms_a == ["lost"]
-    stop.set()
-    for thread in (thread_a, thread_b):
-        thread.join(10)
+        # The server ends the leader's lock session (as when its connection dies).
+        with engines[2].connect() as admin:
+            killed = admin.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_locks "
+                    "WHERE locktype = 'advisory' AND objid = :id AND granted"
+                ),
+                {"id": 0x4A16_5C01},
+            ).scalars()
+            assert list(killed) == [True]
+        assert leading_b.wait(10)
+        wait_for(lambda: terms_a == ["lost"], "the first to notice it lost the lock", 10)
+    finally:
+        stop.set()
+        thread_a.join(10)
+    thread_b.join(10)
     assert terms_b == ["stopped"]
     assert not first.held and not second.held
     for engine in engines:
