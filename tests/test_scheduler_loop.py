@@ -424,6 +424,9 @@ def test_a_policy_reconfigures_a_running_job_once_per_change(
     assert (first.started, first.reconfigured, first.conflicts) == (1, 0, 2)
     second = loop.run_round(T0 + timedelta(seconds=5))
     assert (second.reconfigured, second.conflicts) == (1, 1)  # `queued` is not running
+    [decision] = second.decisions  # what the dashboard's scheduler view shows
+    assert (decision.kind, decision.job_id) == ("reconfigure", running)
+    assert decision.detail["spb"] == half
     third = loop.run_round(T0 + timedelta(seconds=10))
     assert third.reconfigured == 0  # already so: nothing to send
 
