@@ -32,7 +32,7 @@ from scheduler.plan import Placement, Plan, Reconfigure
 from scheduler.policies import get_policy
 from scheduler.rounds import Decision, RoundResult
 from scheduler.settings import SchedulerSettings
-from scheduler.snapshot import ClusterSnapshot, build_snapshot
+from scheduler.snapshot import PREEMPTED_MESSAGE, ClusterSnapshot, build_snapshot
 from scheduler.states import TERMINAL, IllegalTransition, JobState, transition
 from scheduler.telemetry import SchedulerTelemetry
 
@@ -358,7 +358,7 @@ class SchedulerService:
 
     def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:
         """Suspend and stop what the policy asked, releasing those jobs' GPUs."""
-        suspended = self._end_each(plan.suspend, JobState.SUSPENDED, "suspended by policy", now)
+        suspended = self._end_each(plan.suspend, JobState.SUSPENDED, PREEMPTED_MESSAGE, now)
         for job_id in suspended:
             self._decide(rounds.SUSPEND, job_id)
         self._command(self._dispatcher.suspend, suspended)

@@ -14,8 +14,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from scheduler.jobmodel import JobModel
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
 from scheduler.states import JobState
+
+# The message the loop writes when a policy (not a user) suspends a job: such a job waits
+# to be placed again, whereas a job a user suspended waits for the user.
+PREEMPTED_MESSAGE = "suspended by policy"
 
 # Jobs a policy may act on: waiting for GPUs, or holding them.
 ACTIVE_STATES: tuple[JobState, ...] = (
@@ -66,6 +71,21 @@ class JobView:
     iterations_done: int = 0
     # The SPB configuration of its current hold (`{}`: off, or holding no GPUs).
     spb: dict[str, Any] = field(default_factory=dict)
+    attained_gpu_seconds: float = 0.0  # GPUs x seconds held over all its holds so far
+    held_since: datetime | None = None  # when its current hold began (None: holds none)
+    preempted: bool = False  # SUSPENDED by a policy: waiting to be placed again
+    model: JobModel | None = None  # what is known of its speed (None: nothing)
+
+    @property
+    def waiting(self) -> bool:
+        """Wants GPUs: queued, or suspended by a policy."""
+        return self.state is JobState.QUEUED or (
+            self.state is JobState.SUSPENDED and self.preempted
+        )
+
+    @property
+    def holding(self) -> bool:
+        return self.state in (JobState.SCHEDULED, JobState.RUNNING)
 
 
 @dataclass(frozen=True)
@@ -92,9 +112,15 @@ class ClusterSnapshot:
     def jobs_in(self, state: JobState) -> tuple[JobView, ...]:
         return tuple(job for job in self.jobs if job.state is state)
 
+    @property
+    def seconds(self) -> float:
+        """`now` in seconds since the epoch, for policies that count durations."""
+        return self.now.timestamp()
+
 
 def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
-    """Read the cluster in four queries, whatever its size (nodes, GPUs, holds, jobs)."""
+    """Read the cluster in five queries, whatever its size (nodes, GPUs, holds, service,
+    jobs)."""
     # A node without an agent, or whose agent timed out, offers no capacity.
     node_rows = session.execute(
         select(Node.id, Node.name, Agent.alive, Node.schedulable)
@@ -112,6 +138,20 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
         holders[gpu_id].append(job_id)
         held_by_job[job_id].append(gpu_id)
         spb_of_job[job_id] = spb  # the loop keeps every allocation of a hold alike
+
+    # Service attained (Tiresias) and the current hold's start, from every allocation of
+    # the active jobs: one row per rank and hold, so GPU-seconds add up directly.
+    attained: dict[int, float] = defaultdict(float)
+    held_since: dict[int, datetime] = {}
+    active = [state.value for state in ACTIVE_STATES]
+    for job_id, created, released in session.execute(
+        select(Allocation.job_id, Allocation.created_at, Allocation.released_at)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(Job.state.in_(active))
+    ):
+        attained[job_id] += max(((released or now) - created).total_seconds(), 0.0)
+        if released is None:
+            held_since[job_id] = min(held_since.get(job_id, created), created)
 
     gpus_by_node: dict[int, list[GPUView]] = defaultdict(list)
     for gpu, node_name in session.execute(
@@ -150,9 +190,10 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             allocated_gpu_ids=tuple(held_by_job.get(job.id, ())),
             iterations_done=job.iterations_done,
             spb=dict(spb_of_job.get(job.id) or {}),
+            attained_gpu_seconds=attained.get(job.id, 0.0),
+            held_since=held_since.get(job.id),
+            preempted=job.state == JobState.SUSPENDED and job.message == PREEMPTED_MESSAGE,
         )
-        for job in session.scalars(
-            select(Job).where(Job.state.in_([state.value for state in ACTIVE_STATES]))
-        )
+        for job in session.scalars(select(Job).where(Job.state.in_(active)))
     )
     return ClusterSnapshot(nodes=nodes, jobs=jobs, now=now)

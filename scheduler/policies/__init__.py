@@ -5,12 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler.plan import Plan
-from scheduler.policies import fifo
+from scheduler.policies import fifo, gandiva, srtf, tiresias
 from scheduler.snapshot import ClusterSnapshot
 
 Policy = Callable[[ClusterSnapshot], Plan]
 
-POLICIES: dict[str, Policy] = {"fifo": fifo.schedule}
+POLICIES: dict[str, Policy] = {
+    "fifo": fifo.schedule,
+    "srtf": srtf.schedule,
+    "tiresias": tiresias.schedule,
+    "gandiva": gandiva.schedule,
+}
 
 
 def get_policy(name: str) -> Policy:

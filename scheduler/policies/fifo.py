@@ -35,7 +35,7 @@ def schedule(snapshot: ClusterSnapshot) -> Plan:
         gpus = gang_place(free, job.workers)
         if gpus is None:
             break  # head-of-line blocking is deliberate, see the module docstring
-        placements.append(Placement(job.id, tuple(gpu.id for gpu in gpus), _spb(job)))
+        placements.append(Placement(job.id, tuple(gpu.id for gpu in gpus), spb_of(job)))
     return Plan(start=tuple(placements))
 
 
@@ -68,7 +68,7 @@ def _node_key(gpus: list[GPUView]) -> tuple[str, int]:
     return (gpus[0].node_name, gpus[0].node_id)
 
 
-def _spb(job: JobView) -> dict[str, Any]:
+def spb_of(job: JobView) -> dict[str, Any]:
     # A fixed SPB configuration passes through; "auto" awaits the SPB planner, "off" is {}.
     spb = job.spec.get("spb")
     return dict(spb) if isinstance(spb, dict) else {}

@@ -1,0 +1,141 @@
+"""What a policy may know of a job's speed, and what co-locating jobs on a GPU costs.
+
+The simulator fills a `JobModel` from measured application profiles; on the real
+cluster it comes from the job's measured iterations and its SPB profile when known
+(a policy given no model falls back to what it can do without one). The co-location
+rule is here, not in the simulator, because a policy that packs jobs must predict
+exactly what the simulator (or the cluster) will then charge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from scheduler import spb
+from scheduler.jobspec import SPBConfig
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One way to run a job: its iteration time, each worker's GPU demand, its price."""
+
+    config: SPBConfig | None  # None: full backprop
+    step_seconds: float  # one iteration alone on its GPUs (compute of the slowest + sync)
+    sync_seconds: float
+    worker_compute_seconds: tuple[float, ...]  # by rank
+    worker_memory_bytes: tuple[int, ...]  # by rank
+    steps_ratio: float  # iterations needed relative to full backprop
+
+    @property
+    def demands(self) -> tuple[float, ...]:
+        """Fraction of each worker's GPU the job keeps busy; the rest is slack."""
+        return tuple(c / self.step_seconds for c in self.worker_compute_seconds)
+
+    @property
+    def progress_per_second(self) -> float:
+        """Full-backprop-equivalent iterations per second alone on its GPUs."""
+        return 1.0 / (self.step_seconds * self.steps_ratio)
+
+
+@dataclass(frozen=True)
+class JobModel:
+    """A job's speed at its requested GPU count, by how many nodes it spans.
+
+    `step_seconds[n]` / `sync_seconds[n]`: one iteration at full backprop over n nodes
+    (n from 1; a missing n uses the largest known). `memory_bytes`: per GPU at full
+    backprop. `spb_profile`: the per-stage costs that price SPB configurations (None:
+    SPB not available for this job).
+    """
+
+    iterations_total: int
+    step_seconds: Mapping[int, float]
+    sync_seconds: Mapping[int, float]
+    memory_bytes: int = 0
+    spb_profile: spb.SPBProfile | None = None
+    _shapes: dict[tuple[int, int, str], Shape] = field(
+        default_factory=dict, compare=False, hash=False, repr=False
+    )
+
+    def _at(self, table: Mapping[int, float], nodes: int) -> float:
+        return table[nodes] if nodes in table else table[max(table)]
+
+    def shape(self, config: SPBConfig | None, workers: int, nodes: int = 1) -> Shape:
+        """The job's shape under `config` on `workers` GPUs spanning `nodes` nodes.
+
+        Measured step and sync times are at full backprop; the SPB profile scales the
+        compute of each worker (its depth) and the bytes synchronised (the contributors
+        of each stage), the first-order model of `scheduler.spb.job_cost`.
+        """
+        key = (workers, nodes, spb.config_key(config))
+        cached = self._shapes.get(key)
+        if cached is not None:
+            return cached
+        step = self._at(self.step_seconds, nodes)
+        sync = min(self._at(self.sync_seconds, nodes), step)
+        compute = step - sync
+        if config is None or self.spb_profile is None:
+            shape = Shape(
+                None,
+                step,
+                sync,
+                (compute,) * workers,
+                (self.memory_bytes,) * workers,
+                1.0,
+            )
+        else:
+            full = spb.job_cost(self.spb_profile, None, workers)
+            cost = spb.job_cost(self.spb_profile, config, workers)
+            base_compute = full.iteration_compute_seconds
+            base_activations = max(full.worker_activation_bytes) or 1
+            worker_compute = tuple(compute * c / base_compute for c in cost.worker_compute_seconds)
+            byte_ratio = (
+                cost.bytes_exchanged / full.bytes_exchanged if full.bytes_exchanged else 1.0
+            )
+            scaled_sync = sync * byte_ratio
+            # Saved activations are taken as half of a worker's memory at full backprop
+            # (the rest: weights, gradients, optimizer state, workspace).
+            memory = tuple(
+                int(self.memory_bytes * (0.5 + 0.5 * a / base_activations))
+                for a in cost.worker_activation_bytes
+            )
+            ratio = cost.steps_ratio
+            shape = Shape(
+                config,
+                max(worker_compute) + scaled_sync,
+                scaled_sync,
+                worker_compute,
+                memory,
+                ratio if ratio is not None else float("inf"),
+            )
+        self._shapes[key] = shape
+        return shape
+
+
+def colocation_factors(
+    gpu_demands: Mapping[int, Iterable[tuple[int, float]]], interference: float
+) -> dict[int, float]:
+    """How much each GPU stretches the compute of the workers on it.
+
+    `gpu_demands[gpu]` lists `(job_id, demand)` of every worker there. A GPU with one
+    job runs it at full speed. Jobs sharing a GPU interfere: each worker's compute takes
+    `1 + interference` times longer, and longer still when their demands add up to
+    more than the whole GPU (time-sliced in proportion).
+    """
+    factors: dict[int, float] = {}
+    for gpu, workers in gpu_demands.items():
+        listed = list(workers)
+        jobs = {job_id for job_id, _ in listed}
+        if len(jobs) <= 1:
+            factors[gpu] = 1.0
+        else:
+            factors[gpu] = (1.0 + interference) * max(1.0, sum(d for _, d in listed))
+    return factors
+
+
+def stretched_step(shape: Shape, factors: Iterable[float]) -> float:
+    """A job's iteration time when its workers' GPUs stretch their compute by `factors`
+    (by rank): the slowest worker sets the pace, so slack on partial workers absorbs
+    a guest's interference."""
+    slowest = max(c * f for c, f in zip(shape.worker_compute_seconds, factors, strict=True))
+    return slowest + shape.sync_seconds
