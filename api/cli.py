@@ -28,6 +28,7 @@ from rich.table import Table
 
 from api.client import ApiError, JigsawClient
 from api.credentials import resolve
+from api.simulate import simulate
 from scheduler.jobspec import JobSpec
 from scheduler.settings import Settings
 from scheduler.states import JobState
@@ -48,6 +49,7 @@ token_app = typer.Typer(
 )
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+app.command()(simulate)
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

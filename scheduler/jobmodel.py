@@ -44,14 +44,16 @@ class JobModel:
 
     `step_seconds[n]` / `sync_seconds[n]`: one iteration at full backprop over n nodes
     (n from 1; a missing n uses the largest known). `memory_bytes`: per GPU at full
-    backprop. `spb_profile`: the per-stage costs that price SPB configurations (None:
-    SPB not available for this job).
+    backprop, `activation_fraction` of it saved activations (what a partial worker
+    holds less of). `spb_profile`: the per-stage costs that price SPB configurations
+    (None: SPB not available for this job).
     """
 
     iterations_total: int
     step_seconds: Mapping[int, float]
     sync_seconds: Mapping[int, float]
     memory_bytes: int = 0
+    activation_fraction: float = 0.0
     spb_profile: spb.SPBProfile | None = None
     _shapes: dict[tuple[int, int, str], Shape] = field(
         default_factory=dict, compare=False, hash=False, repr=False
@@ -93,10 +95,9 @@ class JobModel:
                 cost.bytes_exchanged / full.bytes_exchanged if full.bytes_exchanged else 1.0
             )
             scaled_sync = sync * byte_ratio
-            # Saved activations are taken as half of a worker's memory at full backprop
-            # (the rest: weights, gradients, optimizer state, workspace).
+            kept = 1.0 - self.activation_fraction
             memory = tuple(
-                int(self.memory_bytes * (0.5 + 0.5 * a / base_activations))
+                int(self.memory_bytes * (kept + self.activation_fraction * a / base_activations))
                 for a in cost.worker_activation_bytes
             )
             ratio = cost.steps_ratio

@@ -1,0 +1,1 @@
+"""Trace-driven simulation of the scheduler: the real policies over simulated time."""

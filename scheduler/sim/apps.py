@@ -1,0 +1,173 @@
+"""Measured application profiles of the Pollux artifact, turned into job speed.
+
+Each application directory holds `placements.csv` (step and sync time by placement and
+per-GPU batch), `scalability.csv` (larger placements) and `validation-<batch>.csv`
+(one row per epoch with the iterations done so far). A job's step time comes from its
+placement (GPUs per node) and per-GPU batch; its length is the iterations of its last
+epoch at its global batch, interpolated between measured batch sizes on log-log axes.
+A per-GPU batch above the largest measured one runs as gradient accumulation, as in
+the Pollux simulator: the extra micro-batches cost compute, not synchronisation.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import math
+from collections import defaultdict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TypeVar
+
+Key = TypeVar("Key", bound=Hashable)
+
+# Epochs to finish a job, and the largest per-GPU batch, per the Pollux artifact.
+EPOCHS = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspeech2": 80, "yolov3": 50}
+MAX_LOCAL_BATCH = {"yolov3": 8}
+
+
+class ProfileError(ValueError):
+    """An application profile is missing or unreadable."""
+
+
+@dataclass(frozen=True)
+class _Curve:
+    """Step and sync time against per-GPU batch, for one placement."""
+
+    batches: tuple[float, ...]
+    steps: tuple[float, ...]
+    syncs: tuple[float, ...]
+
+    def at(self, batch: float) -> tuple[float, float]:
+        return _interp(self.batches, self.steps, batch), _interp(self.batches, self.syncs, batch)
+
+
+def _interp(xs: tuple[float, ...], ys: tuple[float, ...], x: float) -> float:
+    """Piecewise-linear through the points, clamped at the ends."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect.bisect_right(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _curves(rows: Sequence[tuple[Key, float, float, float]]) -> dict[Key, _Curve]:
+    points: dict[Key, list[tuple[float, float, float]]] = defaultdict(list)
+    for key, batch, step, sync in rows:
+        points[key].append((batch, step, sync))
+    curves = {}
+    for key, values in points.items():
+        merged: dict[float, list[tuple[float, float]]] = defaultdict(list)
+        for batch, step, sync in values:
+            merged[batch].append((step, sync))
+        batches = sorted(merged)
+        curves[key] = _Curve(
+            tuple(batches),
+            tuple(sum(s for s, _ in merged[b]) / len(merged[b]) for b in batches),
+            tuple(sum(s for _, s in merged[b]) / len(merged[b]) for b in batches),
+        )
+    return curves
+
+
+def _canonical(placement: tuple[int, ...]) -> str:
+    """The Pollux key of a placement: its smallest rotation, as digits."""
+    rotations = [placement[i:] + placement[:i] for i in range(len(placement))]
+    return "".join(map(str, min(rotations)))
+
+
+class Application:
+    """One application's measured speed and length."""
+
+    def __init__(self, directory: Path) -> None:
+        self.name = directory.name
+        if self.name not in EPOCHS:
+            raise ProfileError(f"unknown application {self.name!r} (known: {sorted(EPOCHS)})")
+        try:
+            placements = list(csv.DictReader((directory / "placements.csv").open()))
+            scalability = list(csv.DictReader((directory / "scalability.csv").open()))
+        except OSError as exc:
+            raise ProfileError(f"{directory}: {exc}") from exc
+        self._exact = _curves(
+            [
+                (
+                    r["placement"],
+                    float(r["local_bsz"]),
+                    float(r["step_time"]),
+                    float(r["sync_time"]),
+                )
+                for r in placements
+            ]
+        )
+        # By (nodes, GPUs): the exact placements averaged, plus the larger measurements.
+        self._by_size = _curves(
+            [
+                (
+                    (len(r["placement"]), sum(map(int, r["placement"]))),
+                    float(r["local_bsz"]),
+                    float(r["step_time"]),
+                    float(r["sync_time"]),
+                )
+                for r in placements
+            ]
+            + [
+                (
+                    (int(r["num_nodes"]), int(r["num_replicas"])),
+                    float(r["local_bsz"]),
+                    float(r["step_time"]),
+                    float(r["sync_time"]),
+                )
+                for r in scalability
+            ]
+        )
+        measured = max(float(r["local_bsz"]) for r in placements)
+        self.max_local_batch = float(MAX_LOCAL_BATCH.get(self.name, measured))
+        self._iterations: dict[int, int] = {}
+        epochs = EPOCHS[self.name]
+        for path in directory.glob("validation-*.csv"):
+            batch = int(path.stem.split("-")[1])
+            rows = list(csv.DictReader(path.open()))
+            if len(rows) < epochs:
+                raise ProfileError(f"{path}: {len(rows)} epochs measured, {epochs} needed")
+            self._iterations[batch] = int(rows[epochs - 1]["iteration"])
+        if not self._iterations:
+            raise ProfileError(f"{directory}: no validation-<batch>.csv")
+
+    def iterations(self, batch_size: int) -> int:
+        """Iterations to finish at this global batch size."""
+        batches = sorted(self._iterations)
+        xs = tuple(math.log(b) for b in batches)
+        ys = tuple(math.log(self._iterations[b]) for b in batches)
+        return max(1, round(math.exp(_interp(xs, ys, math.log(batch_size)))))
+
+    def step_time(self, placement: tuple[int, ...], batch_size: int) -> tuple[float, float]:
+        """Seconds per iteration and the part of it in gradient synchronisation, for
+        `batch_size` over a placement of GPUs per node."""
+        gpus = sum(placement)
+        local = batch_size / gpus
+        micro = min(local, self.max_local_batch)
+        accumulate = math.ceil(local / self.max_local_batch) - 1
+        curve = self._exact.get(_canonical(placement))
+        if curve is None:
+            curve = self._nearest((len(placement), gpus))
+        step, sync = curve.at(micro)
+        return step + (step - sync) * accumulate, sync
+
+    def _nearest(self, size: tuple[int, int]) -> _Curve:
+        nodes, gpus = size
+        if size in self._by_size:
+            return self._by_size[size]
+        # Relative distance: 12 vs 16 GPUs is closer than 1 vs 2.
+        key = min(
+            self._by_size,
+            key=lambda k: (math.log(k[0] / nodes) ** 2 + math.log(k[1] / gpus) ** 2, k),
+        )
+        return self._by_size[key]
+
+
+@cache
+def load_application(directory: Path) -> Application:
+    return Application(directory)

@@ -1,0 +1,434 @@
+"""The simulator: the scheduler's policies over a simulated clock and simulated nodes.
+
+One round is what the real loop does (`scheduler.loop`): jobs that finished leave
+their GPUs, new jobs queue, the cluster is snapshotted into the same frozen views, the
+same policy function returns a `Plan`, and the plan is applied in the loop's order
+(suspend and stop, reconfigure, start) under the same state machine
+(`scheduler.states.can_transition`). What differs is the store: jobs and GPUs live in
+memory here, not in the database, because a replay of 80,000 jobs cannot afford a
+transaction per decision.
+
+Time moves by events at lease granularity: rounds fall on multiples of
+`round_seconds` (one lease), at the first boundary after a job arrives or finishes,
+and every boundary while some job waits (a preemptive policy may act then). Between
+rounds every running job trains at a constant speed, so its progress and finish time
+are computed, never stepped iteration by iteration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from scheduler import spb
+from scheduler.jobmodel import JobModel, Shape, colocation_factors, stretched_step
+from scheduler.plan import Plan
+from scheduler.policies import Policy
+from scheduler.sim.profiles import memory_per_gpu, profile_for
+from scheduler.sim.trace import TraceJob
+from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
+from scheduler.spb import SPBProfile
+from scheduler.states import JobState, can_transition
+
+EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
+DEFAULT_INTERFERENCE = 0.15
+
+
+class SimulationStuck(RuntimeError):
+    """The policy leaves jobs waiting on an idle cluster forever."""
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    nodes: int
+    gpus_per_node: int
+    gpu_memory_bytes: int = 16 << 30
+    kind: str = "sim"
+
+    @classmethod
+    def parse(cls, text: str, gpu_memory_gib: float = 16.0) -> ClusterShape:
+        """`16x4`: 16 nodes of 4 GPUs each."""
+        nodes, sep, per_node = text.lower().partition("x")
+        if not sep or not nodes.isdigit() or not per_node.isdigit():
+            raise ValueError(f"cluster shape must look like 16x4 (nodes x GPUs), got {text!r}")
+        if int(nodes) < 1 or int(per_node) < 1:
+            raise ValueError(f"cluster shape needs at least one node and one GPU: {text!r}")
+        if gpu_memory_gib <= 0:
+            raise ValueError(f"GPU memory must be positive, got {gpu_memory_gib}")
+        return cls(int(nodes), int(per_node), int(gpu_memory_gib * (1 << 30)))
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    round_seconds: float = 60.0  # one lease
+    restart_seconds: float = 30.0  # a (re)started job's setup and checkpoint restore
+    interference: float = DEFAULT_INTERFERENCE
+    zero_arrivals: bool = False  # submit the whole workload at time 0
+    spb_profiles: dict[str, SPBProfile] = field(default_factory=dict)  # measured, by name
+
+
+@dataclass
+class JobRecord:
+    """One job's life in the simulation."""
+
+    trace: TraceJob
+    id: int
+    submit: float
+    model: JobModel
+    alone_seconds: float  # its run time alone on a dedicated placement, full backprop
+    state: JobState = JobState.QUEUED
+    preempted: bool = False
+    gpus: tuple[int, ...] = ()
+    config: dict[str, Any] = field(default_factory=dict)
+    progress: float = 0.0  # full-backprop-equivalent iterations done
+    attained: float = 0.0
+    held_since: float | None = None
+    ready_at: float = 0.0  # setup after a (re)start ends then
+    rate: float = 0.0  # full-backprop-equivalent iterations per second now
+    memory: tuple[int, ...] = ()  # bytes per rank on its GPUs now
+    first_start: float | None = None
+    finish: float | None = None
+    suspensions: int = 0
+    reconfigurations: int = 0
+    packed_rounds: int = 0
+
+    def finish_time(self, now: float) -> float:
+        left = self.model.iterations_total - self.progress
+        return max(now, self.ready_at) + left / self.rate if self.rate > 0 else math.inf
+
+
+@dataclass
+class Sample:
+    time: float
+    busy_gpus: int
+    queued: int
+    running: int
+
+
+@dataclass
+class SimResult:
+    workload: str
+    policy: str
+    cluster: ClusterShape
+    jobs: list[JobRecord]
+    rejected: list[tuple[str, str]]  # (job name, why)
+    samples: list[Sample]
+    rounds: int
+    conflicts: int  # plan entries the simulated store refused (illegal or over memory)
+    busy_gpu_seconds: float
+
+
+class Simulator:
+    def __init__(
+        self,
+        jobs: list[TraceJob],
+        cluster: ClusterShape,
+        policy: Policy,
+        *,
+        workload: str = "workload",
+        policy_name: str = "policy",
+        options: SimOptions | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.options = options or SimOptions()
+        self.workload = workload
+        self.policy_name = policy_name
+        self._on_progress = on_progress
+        self._rejected: list[tuple[str, str]] = []
+        self._records: list[JobRecord] = []
+        for number, trace in enumerate(jobs, start=1):
+            if trace.workers > cluster.gpus:
+                self._rejected.append(
+                    (trace.name, f"needs {trace.workers} GPUs; the cluster has {cluster.gpus}")
+                )
+                continue
+            submit = 0.0 if self.options.zero_arrivals else trace.submit_seconds
+            model = self._model(trace)
+            alone = trace.iterations * model.step_seconds[min(model.step_seconds)]
+            self._records.append(JobRecord(trace, number, submit, model, alone))
+        self._records.sort(key=lambda r: (r.submit, r.id))
+        self._gpu_node = [g // cluster.gpus_per_node for g in range(cluster.gpus)]
+        self._holders: list[list[int]] = [[] for _ in range(cluster.gpus)]
+        self._gpu_views = [self._gpu_view(g) for g in range(cluster.gpus)]
+        self._node_views = [self._node_view(n) for n in range(cluster.nodes)]
+        self._dirty_nodes: set[int] = set()
+        self._by_id = {record.id: record for record in self._records}
+        self.conflicts = 0
+
+    # -- the job's speed ---------------------------------------------------------------
+
+    def _model(self, trace: TraceJob) -> JobModel:
+        per_node = self.cluster.gpus_per_node
+        fewest = math.ceil(trace.workers / per_node)
+        most = min(trace.workers, self.cluster.nodes)
+        steps, syncs = {}, {}
+        for nodes in range(fewest, most + 1):
+            step, sync = trace.speed.step_time(_spread(trace.workers, nodes, per_node))
+            steps[nodes], syncs[nodes] = step, sync
+        profile = profile_for(trace.workload, self.options.spb_profiles)
+        memory, activation_share = memory_per_gpu(
+            profile, trace.micro_batch or profile.per_worker_batch
+        )
+        return JobModel(
+            iterations_total=trace.iterations,
+            step_seconds=steps,
+            sync_seconds=syncs,
+            memory_bytes=memory,
+            activation_fraction=activation_share,
+            spb_profile=profile,
+        )
+
+    def _shape(self, record: JobRecord) -> Shape:
+        nodes = len({self._gpu_node[g] for g in record.gpus})
+        return record.model.shape(spb.resolve(record.config), len(record.gpus), nodes)
+
+    # -- views -----------------------------------------------------------------------
+
+    def _gpu_view(self, gpu: int) -> GPUView:
+        node = gpu // self.cluster.gpus_per_node
+        return GPUView(
+            id=gpu,
+            node_id=node,
+            node_name=f"node-{node:04d}",
+            index=gpu % self.cluster.gpus_per_node,
+            kind=self.cluster.kind,
+            memory_bytes=self.cluster.gpu_memory_bytes,
+            holders=tuple(self._holders[gpu]),
+        )
+
+    def _node_view(self, node: int) -> NodeView:
+        per_node = self.cluster.gpus_per_node
+        return NodeView(
+            id=node,
+            name=f"node-{node:04d}",
+            alive=True,
+            gpus=tuple(self._gpu_views[node * per_node : (node + 1) * per_node]),
+        )
+
+    def _job_view(self, record: JobRecord, now: float) -> JobView:
+        return JobView(
+            id=record.id,
+            state=record.state,
+            priority=record.trace.priority,
+            workers=record.trace.workers,
+            created_at=EPOCH + timedelta(seconds=record.submit),
+            spec={"workers": record.trace.workers, "max_iterations": record.trace.iterations},
+            allocated_gpu_ids=record.gpus,
+            iterations_done=int(record.progress),
+            spb=record.config,
+            attained_gpu_seconds=record.attained,
+            held_since=None
+            if record.held_since is None
+            else EPOCH + timedelta(seconds=record.held_since),
+            preempted=record.preempted,
+            model=record.model,
+        )
+
+    def _set_holders(self, record: JobRecord, add: bool) -> None:
+        for gpu in record.gpus:
+            if add:
+                self._holders[gpu].append(record.id)
+            else:
+                self._holders[gpu].remove(record.id)
+            self._gpu_views[gpu] = replace(self._gpu_views[gpu], holders=tuple(self._holders[gpu]))
+            self._dirty_nodes.add(self._gpu_node[gpu])
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        step = self.options.round_seconds
+        arrivals = 0  # records[:arrivals] have been submitted
+        active: dict[int, JobRecord] = {}
+        running: dict[int, JobRecord] = {}
+        samples: list[Sample] = []
+        finished = 0
+        rounds = 0
+        busy_seconds = 0.0
+        now = 0.0
+        total = len(self._records)
+        while finished < total:
+            # 1. the next round: a lease boundary at or after the next event
+            waiting = any(r.state is not JobState.RUNNING for r in active.values())
+            events = [r.finish_time(now) for r in running.values()]
+            if arrivals < total:
+                events.append(self._records[arrivals].submit)
+            if waiting and rounds:
+                events.append(now + step)
+            upcoming = min(events)
+            following = max(math.ceil(upcoming / step) * step, now + step if rounds else 0.0)
+            # 2. progress and ends until then
+            busy = sum(1 for holders in self._holders if holders)
+            busy_seconds += busy * (following - now)
+            for record in list(running.values()):
+                end = record.finish_time(now)
+                until = min(end, following)
+                start = max(now, record.ready_at)
+                if until > start:
+                    record.progress += (until - start) * record.rate
+                record.attained += len(record.gpus) * (min(end, following) - now)
+                if end <= following:
+                    record.progress = record.model.iterations_total
+                    record.finish = end
+                    record.state = JobState.SUCCEEDED
+                    self._set_holders(record, add=False)
+                    del running[record.id]
+                    del active[record.id]
+                    finished += 1
+            now = following
+            while arrivals < total and self._records[arrivals].submit <= now:
+                record = self._records[arrivals]
+                active[record.id] = record
+                arrivals += 1
+            # 3. snapshot, policy, plan
+            rounds += 1
+            for node in self._dirty_nodes:
+                self._node_views[node] = self._node_view(node)
+            self._dirty_nodes.clear()
+            snapshot = ClusterSnapshot(
+                nodes=tuple(self._node_views),
+                jobs=tuple(self._job_view(r, now) for r in active.values()),
+                now=EPOCH + timedelta(seconds=now),
+            )
+            plan = self.policy(snapshot)
+            self._apply(plan, now, running)
+            if not running and arrivals == total and active:
+                raise SimulationStuck(
+                    f"{self.policy_name} runs none of the {len(active)} waiting job(s) on an "
+                    "idle cluster with nothing left to arrive"
+                )
+            self._set_speeds(running)
+            samples.append(
+                Sample(
+                    now,
+                    sum(1 for holders in self._holders if holders),
+                    len(active) - len(running),
+                    len(running),
+                )
+            )
+            if self._on_progress is not None:
+                self._on_progress(finished, total)
+        return SimResult(
+            workload=self.workload,
+            policy=self.policy_name,
+            cluster=self.cluster,
+            jobs=self._records,
+            rejected=self._rejected,
+            samples=samples,
+            rounds=rounds,
+            conflicts=self.conflicts,
+            busy_gpu_seconds=busy_seconds,
+        )
+
+    def _apply(self, plan: Plan, now: float, running: dict[int, JobRecord]) -> None:
+        """The loop's order: suspend and stop, reconfigure, start."""
+        for job_id in plan.suspend:
+            record = self._by_id[job_id]
+            if record.state is JobState.RUNNING:
+                self._end(record, now, running)
+                record.state = JobState.SUSPENDED
+                record.preempted = True
+                record.suspensions += 1
+            else:
+                self.conflicts += 1
+        for job_id in plan.stop:
+            record = self._by_id[job_id]
+            if can_transition(record.state, JobState.FAILED):
+                if record.state is JobState.RUNNING:
+                    self._end(record, now, running)
+                record.state = JobState.FAILED
+            else:
+                self.conflicts += 1
+        for change in plan.reconfigure:
+            record = self._by_id[change.job_id]
+            if record.state is not JobState.RUNNING:
+                self.conflicts += 1
+            elif record.config != change.spb:
+                record.config = dict(change.spb)
+                record.reconfigurations += 1
+        for placement in plan.start:
+            record = self._by_id[placement.job_id]
+            waiting = record.state is JobState.QUEUED or (
+                record.state is JobState.SUSPENDED and record.preempted
+            )
+            if not waiting or not can_transition(record.state, JobState.SCHEDULED):
+                self.conflicts += 1
+                continue
+            if len(placement.gpu_ids) != record.trace.workers or not self._fits(
+                record, placement.gpu_ids, placement.spb
+            ):
+                self.conflicts += 1
+                continue
+            record.state = JobState.RUNNING  # SCHEDULED, then acknowledged at once
+            record.preempted = False
+            record.gpus = tuple(placement.gpu_ids)
+            record.config = dict(placement.spb)
+            record.held_since = now
+            record.ready_at = now + self.options.restart_seconds
+            if record.first_start is None:
+                record.first_start = now
+            self._set_holders(record, add=True)
+            record.memory = self._shape(record).worker_memory_bytes
+            running[record.id] = record
+
+    def _fits(self, record: JobRecord, gpu_ids: tuple[int, ...], config: dict[str, Any]) -> bool:
+        """Every GPU exists and holds this job's rank besides what it holds already."""
+        if any(not 0 <= g < self.cluster.gpus for g in gpu_ids) or len(set(gpu_ids)) != len(
+            gpu_ids
+        ):
+            return False
+        nodes = len({self._gpu_node[g] for g in gpu_ids})
+        shape = record.model.shape(spb.resolve(config), len(gpu_ids), nodes)
+        for gpu, need in zip(gpu_ids, shape.worker_memory_bytes, strict=True):
+            used = sum(self._rank_memory(holder, gpu) for holder in self._holders[gpu])
+            if used + need > self.cluster.gpu_memory_bytes and self._holders[gpu]:
+                return False
+        return True
+
+    def _rank_memory(self, job_id: int, gpu: int) -> int:
+        record = self._by_id[job_id]
+        return record.memory[record.gpus.index(gpu)]
+
+    def _end(self, record: JobRecord, now: float, running: dict[int, JobRecord]) -> None:
+        self._set_holders(record, add=False)
+        record.gpus = ()
+        record.config = {}
+        record.held_since = None
+        record.rate = 0.0
+        running.pop(record.id, None)
+
+    def _set_speeds(self, running: dict[int, JobRecord]) -> None:
+        shapes = {job_id: self._shape(record) for job_id, record in running.items()}
+        shared = {g for r in running.values() for g in r.gpus if len(self._holders[g]) > 1}
+        demands: dict[int, list[tuple[int, float]]] = {g: [] for g in shared}
+        for job_id, record in running.items():
+            for gpu, demand in zip(record.gpus, shapes[job_id].demands, strict=True):
+                if gpu in demands:
+                    demands[gpu].append((job_id, demand))
+        factors = colocation_factors(demands, self.options.interference)
+        for job_id, record in running.items():
+            shape = shapes[job_id]
+            record.memory = shape.worker_memory_bytes
+            stretch = [factors.get(g, 1.0) for g in record.gpus]
+            if any(f > 1.0 for f in stretch):
+                record.packed_rounds += 1
+            record.rate = 1.0 / (stretched_step(shape, stretch) * shape.steps_ratio)
+
+
+def _spread(workers: int, nodes: int, per_node: int) -> tuple[int, ...]:
+    """GPUs per node of a job on `nodes` nodes: as full as possible on the fewest,
+    evenly when spread wider."""
+    fewest = math.ceil(workers / per_node)
+    if nodes <= fewest:
+        full, rest = divmod(workers, per_node)
+        return (per_node,) * full + ((rest,) if rest else ())
+    base, extra = divmod(workers, nodes)
+    return tuple(base + (1 if i < extra else 0) for i in range(nodes))

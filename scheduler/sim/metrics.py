@@ -1,0 +1,62 @@
+"""What a simulation measured, as one flat dict per (workload, policy)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.sim.engine import SimResult
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100), linear between the nearest ranks."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The metrics of one run.
+
+    - JCT: finish minus submission; queueing delay: first start minus submission.
+    - makespan: from the first submission to the last finish.
+    - gpu_utilization: GPU-seconds with at least one job on the GPU over GPUs x makespan.
+    - cluster_efficiency: useful GPU-seconds over GPUs x makespan, where a job's useful
+      GPU-seconds are its GPUs x its run time alone on a dedicated placement at full
+      backprop (the issue's definition; meaningful with `--arrivals zero`).
+    - finish-time fairness: each job's JCT over its run time alone (1 = as if it had
+      the GPUs it asked for to itself from submission); mean and worst.
+    """
+    done = [r for r in result.jobs if r.finish is not None]
+    jct = [r.finish - r.submit for r in done if r.finish is not None]
+    delay = [r.first_start - r.submit for r in done if r.first_start is not None]
+    ratio = [(r.finish - r.submit) / r.alone_seconds for r in done if r.finish is not None]
+    start = min((r.submit for r in result.jobs), default=0.0)
+    makespan = max((r.finish for r in done if r.finish is not None), default=start) - start
+    capacity = result.cluster.gpus * makespan
+    useful = sum(r.trace.workers * r.alone_seconds for r in done)
+    return {
+        "policy": result.policy,
+        "workload": result.workload,
+        "cluster": f"{result.cluster.nodes}x{result.cluster.gpus_per_node}",
+        "jobs": len(done),
+        "rejected": len(result.rejected),
+        "avg_jct_s": sum(jct) / len(jct) if jct else 0.0,
+        "p50_jct_s": percentile(jct, 50),
+        "p99_jct_s": percentile(jct, 99),
+        "makespan_s": makespan,
+        "gpu_utilization": result.busy_gpu_seconds / capacity if capacity else 0.0,
+        "cluster_efficiency": useful / capacity if capacity else 0.0,
+        "avg_queueing_delay_s": sum(delay) / len(delay) if delay else 0.0,
+        "avg_finish_time_fairness": sum(ratio) / len(ratio) if ratio else 0.0,
+        "max_finish_time_fairness": max(ratio, default=0.0),
+        "suspensions": sum(r.suspensions for r in result.jobs),
+        "reconfigurations": sum(r.reconfigurations for r in result.jobs),
+        "spb_jobs": sum(1 for r in result.jobs if r.reconfigurations or r.config),
+        "packed_job_rounds": sum(r.packed_rounds for r in result.jobs),
+        "rounds": result.rounds,
+        "conflicts": result.conflicts,
+    }

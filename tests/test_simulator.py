@@ -1,0 +1,168 @@
+"""The trace-driven simulator: workload files in, the real policies over simulated time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scheduler.plan import Placement, Plan
+from scheduler.policies import get_policy
+from scheduler.sim.engine import ClusterShape, SimOptions, SimulationStuck, Simulator
+from scheduler.sim.metrics import summarize
+from scheduler.sim.trace import TraceError, load_workload
+from scheduler.snapshot import ClusterSnapshot
+from tests.servers import JIGSAW, clean_env
+
+POLLUX = Path(__file__).resolve().parents[2] / "shared" / "traces" / "pollux"
+HEADER = "name,submit_seconds,workers,iterations,step_seconds\n"
+
+
+def write(tmp_path: Path, text: str, name: str = "jobs.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def run(path: Path, policy: str, cluster: str = "1x2", **options: object) -> dict[str, object]:
+    workload = load_workload(path)
+    simulator = Simulator(
+        workload.jobs,
+        ClusterShape.parse(cluster),
+        get_policy(policy),
+        policy_name=policy,
+        options=SimOptions(**options),  # type: ignore[arg-type]
+    )
+    return summarize(simulator.run())
+
+
+def test_malformed_rows_are_reported_by_line_and_skipped(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, HEADER + "a,0,1,10,1\nb,0,zero,10,1\nc,0,1,10,-1\nd,0,0,10,1\ne,5,2,10,0.5\n"
+    )
+    workload = load_workload(path)
+    assert [job.name for job in workload.jobs] == ["a", "e"]
+    assert [(s.line, s.reason) for s in workload.skipped] == [
+        (3, "invalid literal for int() with base 10: 'zero'"),
+        (4, "step_seconds must be a positive number"),
+        (5, "workers must be at least 1, got 0"),
+    ]
+    with pytest.raises(TraceError, match=r"jobs.csv:3: invalid literal"):
+        load_workload(path, strict=True)
+
+
+def test_unknown_format_is_refused_with_the_expected_columns(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="unknown columns"):
+        load_workload(write(tmp_path, "x,y\n1,2\n"))
+
+
+def test_a_job_larger_than_the_cluster_is_rejected_not_left_to_starve(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER + "small,0,2,10,1\nhuge,0,3,10,1\n")
+    workload = load_workload(path)
+    simulator = Simulator(workload.jobs, ClusterShape.parse("1x2"), get_policy("fifo"))
+    result = simulator.run()
+    assert result.rejected == [("huge", "needs 3 GPUs; the cluster has 2")]
+    assert [r.trace.name for r in result.jobs if r.finish is not None] == ["small"]
+
+
+def test_fifo_times_are_exact_at_lease_granularity(tmp_path: Path) -> None:
+    # a holds both GPUs for 100 s; b arrives at 5 s and waits; the round after a's end
+    # (t=100, a lease boundary) starts b, which runs 50 s.
+    path = write(tmp_path, HEADER + "a,0,2,100,1\nb,5,1,50,1\n")
+    metrics = run(path, "fifo", round_seconds=10.0, restart_seconds=0.0)
+    assert metrics["avg_jct_s"] == pytest.approx((100 + 145) / 2)
+    assert metrics["makespan_s"] == pytest.approx(150)
+    assert metrics["avg_queueing_delay_s"] == pytest.approx(95 / 2)
+    # 2 GPUs x 100 s + 1 GPU x 50 s of 2 GPUs x 150 s.
+    assert metrics["gpu_utilization"] == pytest.approx(250 / 300)
+    assert metrics["cluster_efficiency"] == pytest.approx(250 / 300)
+
+
+def test_restarts_cost_time_and_preemption_is_counted(tmp_path: Path) -> None:
+    # SRTF suspends the long job for the short one; both pay the restart.
+    path = write(tmp_path, HEADER + "long,0,1,1000,1\nshort,30,1,100,1\n")
+    metrics = run(path, "srtf", cluster="1x1", round_seconds=60.0, restart_seconds=10.0)
+    assert metrics["suspensions"] == 1
+    # short: placed at 60, ready at 70, done at 170 -> JCT 140.
+    # long: ran 0..60 (50 iterations after setup), resumed at 180 (the round after 170),
+    # ready at 190, 950 left -> done at 1140.
+    assert metrics["p50_jct_s"] == pytest.approx((140 + 1140) / 2)
+    assert metrics["makespan_s"] == pytest.approx(1140)
+
+
+def test_the_simulated_store_applies_plans_under_the_state_machine(tmp_path: Path) -> None:
+    # A policy that starts job 1 on GPU 0 every round: the second start of a RUNNING job
+    # is an illegal transition and is refused, as the real loop refuses it.
+    rounds: list[ClusterSnapshot] = []
+
+    def stubborn(snapshot: ClusterSnapshot) -> Plan:
+        rounds.append(snapshot)
+        return Plan(start=(Placement(1, (0,)),))
+
+    workload = load_workload(write(tmp_path, HEADER + "a,0,1,200,1\nb,10,1,10,1\n"))
+    simulator = Simulator(workload.jobs, ClusterShape.parse("1x2"), stubborn)
+    # It never places job 2 either: once job 1 is done, the run stops with a reason.
+    with pytest.raises(SimulationStuck, match="runs none of the 1 waiting job"):
+        simulator.run()
+    assert simulator.conflicts == len(rounds) - 1
+    held = [j.allocated_gpu_ids for j in rounds[1].jobs if j.id == 1]
+    assert held == [(0,)]
+
+
+@pytest.mark.skipif(not POLLUX.is_dir(), reason="the Pollux traces live in ../shared/traces")
+def test_tiresias_matches_the_published_workload_6_figure() -> None:
+    # Pollux (OSDI'21) reports Tiresias at 3,469.7 s average JCT on workload-6, 16x4.
+    metrics = run(POLLUX / "workloads" / "workload-6.csv", "tiresias", cluster="16x4")
+    assert metrics["jobs"] == 160
+    assert abs(metrics["avg_jct_s"] - 3469.7) / 3469.7 < 0.10  # type: ignore[operator]
+    fifo = run(POLLUX / "workloads" / "workload-6.csv", "fifo", cluster="16x4")
+    srtf = run(POLLUX / "workloads" / "workload-6.csv", "srtf", cluster="16x4")
+    # Sane against it: head-of-line FIFO is far worse, SRTF (knowing durations) better.
+    assert fifo["avg_jct_s"] > 2 * metrics["avg_jct_s"]  # type: ignore[operator]
+    assert srtf["avg_jct_s"] < metrics["avg_jct_s"]  # type: ignore[operator]
+
+
+def test_cli_compares_policies_as_json_and_writes_plots(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER + "a,0,2,100,1\nb,5,1,50,1\nc,7,1,500,1\n")
+    result = subprocess.run(
+        [*JIGSAW, "simulate", "--workload", str(path), "--policies", "fifo,tiresias",
+         "--cluster", "1x2", "--json", "--plots", str(tmp_path / "plots")],
+        env=clean_env(tmp_path), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["workload"], r["policy"], r["jobs"]) for r in rows] == [
+        ("jobs", "fifo", 3),
+        ("jobs", "tiresias", 3),
+    ]
+    for row in rows:
+        assert {"avg_jct_s", "p99_jct_s", "makespan_s", "gpu_utilization"} <= row.keys()
+        assert "cluster_efficiency" in row
+    assert sorted(p.name for p in (tmp_path / "plots").iterdir()) == [
+        "jobs-jct-cdf.png",
+        "jobs-queue.png",
+        "jobs-utilization.png",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cluster", "16by4"], "cluster shape must look like 16x4"),
+        (["--policy", "lottery"], "unknown policy 'lottery'"),
+        (["--workload", "/nonexistent.csv"], "no such file or directory"),
+    ],
+)
+def test_cli_bad_input_is_a_message_not_a_traceback(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    path = write(tmp_path, HEADER + "a,0,1,10,1\n")
+    command = [*JIGSAW, "simulate", "--workload", str(path), *args]
+    result = subprocess.run(
+        command, env=clean_env(tmp_path), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
