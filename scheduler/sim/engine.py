@@ -353,6 +353,7 @@ class Simulator:
                 self.conflicts += 1
             elif record.config != change.spb:
                 record.config = dict(change.spb)
+                record.memory = self._shape(record).worker_memory_bytes
                 record.reconfigurations += 1
         for placement in plan.start:
             record = self._by_id[placement.job_id]

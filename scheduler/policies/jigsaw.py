@@ -1,0 +1,393 @@
+"""JigSaw: SPB-aware packing at lease granularity, to maximize useful progress per
+GPU-second.
+
+Useful progress of a job is measured in GPU-seconds of its run alone: a job of W GPUs
+whose iteration takes `s0` alone at full backprop produces `W * s0 / (step * ratio)`
+useful GPUs while each iteration takes `step` and it needs `ratio` times the
+iterations (its SPB configuration's statistical price). Cluster efficiency is the sum
+over jobs divided by the GPUs. Each round:
+
+1. Order the jobs that want or hold GPUs: priority first; then jobs starving (waiting
+   longer than `starvation_seconds` in all) by arrival; then shortest remaining time
+   (from the job's speed model), with running jobs' remaining time discounted by
+   `stickiness` so that a small difference never pays a restart.
+2. Admit in that order while whole GPUs remain (as the preemptive baselines do): kept
+   running jobs stay where they are, admitted newcomers are gang-placed on free GPUs,
+   running jobs not admitted are suspended unless no newcomer took their GPUs.
+3. Give every placed job the SPB configuration (or off) with the most useful progress
+   alone: fewer bytes to synchronise can outweigh the statistical price.
+4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
+   when that raises the cluster's useful progress. A guest's workers go first on the
+   partial workers of hosts switched to an SPB configuration (whose idle time and freed
+   activation memory host it without slowing the host, whose pace its full workers
+   set), then on GPUs whose jobs leave them idle during synchronisation. Sharing a GPU
+   costs every job there `interference` and, past the whole GPU, time-slicing (the
+   rule of `scheduler.jobmodel.colocation_factors`); GPU memory is never
+   over-committed. A guest is placed only when the gain net of what its hosts lose is
+   at least `min_gain` GPUs.
+
+Cost: sorting is O(J log J) for J jobs; admission and placement O(J + G) for G GPUs;
+packing O(G log G) to rank candidate GPUs once, then O(W) per guest of W workers over
+at most `max_guests` guests per round. Jobs without a speed model are scheduled like
+SRTF by iterations left and are never packed or given SPB.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from scheduler import spb
+from scheduler.jobmodel import Shape, colocation_factors, stretched_step
+from scheduler.jobspec import SPBConfig
+from scheduler.plan import Placement, Plan, Reconfigure
+from scheduler.policies.fifo import gang_place
+from scheduler.policies.preemptive import candidates
+from scheduler.policies.srtf import remaining_seconds
+from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
+
+INTERFERENCE = 0.15
+STARVATION_SECONDS = 4 * 3600.0
+STICKINESS = 0.7
+MIN_GAIN = 0.1
+MAX_GUESTS = 64
+MAX_HOST_LOSS = 0.02
+CONFIGS: tuple[SPBConfig, ...] = (
+    SPBConfig(full_fraction=0.5, partial_depth=0.5),
+    SPBConfig(full_fraction=0.5, partial_depth=0.25),
+    SPBConfig(full_fraction=0.25, partial_depth=0.5),
+)
+
+
+@dataclass
+class _Layout:
+    """The plan being built: who is on which GPU under which configuration."""
+
+    snapshot: ClusterSnapshot
+    interference: float
+    node_of: dict[int, int]
+    memory_of: dict[int, int]
+    jobs: dict[int, JobView] = field(default_factory=dict)
+    gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # job -> GPUs by rank
+    config: dict[int, SPBConfig | None] = field(default_factory=dict)
+    on_gpu: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+    def shape(self, job_id: int) -> Shape | None:
+        job = self.jobs[job_id]
+        if job.model is None:
+            return None
+        nodes = len({self.node_of[g] for g in self.gpus[job_id]})
+        return job.model.shape(self.config[job_id], job.workers, nodes)
+
+    def put(self, job: JobView, gpus: tuple[int, ...], config: SPBConfig | None) -> None:
+        self.jobs[job.id] = job
+        self.gpus[job.id] = gpus
+        self.config[job.id] = config
+        for gpu in gpus:
+            self.on_gpu[gpu].append(job.id)
+
+    def take(self, job_id: int) -> None:
+        for gpu in self.gpus.pop(job_id):
+            self.on_gpu[gpu].remove(job_id)
+        del self.config[job_id]
+        del self.jobs[job_id]
+
+    def demand(self, job_id: int, gpu: int) -> float:
+        shape = self.shape(job_id)
+        if shape is None:
+            return 1.0
+        return shape.demands[self.gpus[job_id].index(gpu)]
+
+    def memory_used(self, gpu: int) -> int:
+        used = 0
+        for job_id in self.on_gpu[gpu]:
+            shape = self.shape(job_id)
+            used += 0 if shape is None else shape.worker_memory_bytes[self.gpus[job_id].index(gpu)]
+        return used
+
+    def useful(self, job_id: int) -> float:
+        """Useful GPUs the job yields where it is now (sharing included)."""
+        job = self.jobs[job_id]
+        shape = self.shape(job_id)
+        if shape is None or job.model is None:
+            return float(job.workers)
+        factors = colocation_factors(
+            {g: [(j, self.demand(j, g)) for j in self.on_gpu[g]] for g in self.gpus[job_id]},
+            self.interference,
+        )
+        step = stretched_step(shape, [factors[g] for g in self.gpus[job_id]])
+        alone = job.model.step_seconds[min(job.model.step_seconds)]
+        return job.workers * alone / (step * shape.steps_ratio)
+
+
+def schedule(
+    snapshot: ClusterSnapshot,
+    *,
+    interference: float = INTERFERENCE,
+    starvation_seconds: float = STARVATION_SECONDS,
+    stickiness: float = STICKINESS,
+    min_gain: float = MIN_GAIN,
+    max_guests: int = MAX_GUESTS,
+    max_host_loss: float = MAX_HOST_LOSS,
+) -> Plan:
+    every = snapshot.gpus_by_id()
+    usable = {
+        gpu.id: gpu
+        for node in snapshot.nodes
+        if node.alive and node.schedulable
+        for gpu in node.gpus
+    }
+    layout = _Layout(
+        snapshot,
+        interference,
+        node_of={g.id: g.node_id for g in every.values()},
+        memory_of={g.id: g.memory_bytes for g in every.values()},
+    )
+    ordered = sorted(
+        candidates(snapshot), key=lambda job: _order(job, snapshot, starvation_seconds, stickiness)
+    )
+    guests = _guests(snapshot)
+
+    # 2. Whole GPUs in order. A guest admitted moves to GPUs of its own when there are
+    # any, else it runs on where it is packed.
+    capacity = snapshot.alive_gpu_count()
+    budget = len(usable)
+    admitted = []
+    for job in ordered:
+        if job.workers <= min(budget, capacity):
+            admitted.append(job)
+            budget -= job.workers
+    for job in admitted:
+        if job.holding and job.id not in guests:
+            layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
+    packed = {g for job in snapshot.jobs if job.id in guests for g in job.allocated_gpu_ids}
+    free: dict[int, list[GPUView]] = defaultdict(list)
+    for gpu in usable.values():
+        if not layout.on_gpu.get(gpu.id) and gpu.id not in packed:
+            free[gpu.node_id].append(gpu)
+    started: list[int] = []
+    moved: list[int] = []
+    for job in admitted:
+        if job.holding and job.id not in guests:
+            continue
+        placed = gang_place(free, job.workers)
+        if placed is not None:
+            layout.put(job, tuple(g.id for g in placed), None)
+            started.append(job.id)
+            if job.holding:
+                moved.append(job.id)
+    kept_guests = set()
+    for job in ordered:
+        if (
+            job.id in guests
+            and job.id not in layout.jobs
+            and all(g in usable for g in job.allocated_gpu_ids)
+        ):
+            layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
+            kept_guests.add(job.id)
+
+    # Running jobs not admitted keep running where no newcomer needed their GPUs.
+    for job in ordered:
+        if (
+            job.holding
+            and job.id not in layout.jobs
+            and all(g in usable and not layout.on_gpu.get(g) for g in job.allocated_gpu_ids)
+        ):
+            layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
+
+    # 3. Each job's best configuration alone (a guest keeps its own).
+    for job_id in list(layout.jobs):
+        if job_id not in kept_guests:
+            layout.config[job_id] = _best_alone(layout.jobs[job_id], layout)
+
+    # 4. Pack waiting jobs as guests.
+    waiting = [
+        job
+        for job in ordered
+        if job.waiting
+        and job.id not in layout.jobs
+        and job.model is not None
+        and job.workers <= len(usable)
+    ]
+    for job in waiting[:max_guests]:
+        if _pack(layout, job, usable, min_gain, max_host_loss):
+            started.append(job.id)
+
+    suspend = tuple(
+        sorted([j.id for j in snapshot.jobs if j.holding and j.id not in layout.jobs] + moved)
+    )
+    start = tuple(
+        Placement(job_id, layout.gpus[job_id], spb.as_json(layout.config[job_id]))
+        for job_id in started
+    )
+    reconfigure = tuple(
+        Reconfigure(job_id, spb.as_json(layout.config[job_id]))
+        for job_id, job in layout.jobs.items()
+        if job.holding and job_id not in moved and spb.as_json(layout.config[job_id]) != job.spb
+    )
+    return Plan(start=start, suspend=suspend, reconfigure=reconfigure)
+
+
+def _order(
+    job: JobView, snapshot: ClusterSnapshot, starvation_seconds: float, stickiness: float
+) -> tuple[int, bool, float, float, int]:
+    arrived = (snapshot.now - job.created_at).total_seconds()
+    waited = arrived - job.attained_gpu_seconds / job.workers
+    # Time not holding GPUs stops growing once a job runs, so a job promoted for
+    # starving keeps its place until it ends instead of being preempted next round.
+    starving = waited > starvation_seconds
+    remaining = remaining_seconds(job) * (stickiness if job.holding else 1.0)
+    # Starving jobs go by arrival: the longest-waiting first.
+    return (-job.priority, not starving, -arrived if starving else remaining, -arrived, job.id)
+
+
+def _guests(snapshot: ClusterSnapshot) -> set[int]:
+    """Running jobs that joined a GPU another job held first."""
+    jobs = {job.id: job for job in snapshot.jobs}
+    first = snapshot.now.timestamp()
+    guests: set[int] = set()
+    for node in snapshot.nodes:
+        for gpu in node.gpus:
+            if len(gpu.holders) < 2:
+                continue
+            since = {
+                j: (held.timestamp() if (held := jobs[j].held_since) else first, j)
+                for j in gpu.holders
+                if j in jobs
+            }
+            if since:
+                primary = min(since, key=since.__getitem__)
+                guests.update(j for j in since if j != primary)
+    return guests
+
+
+def _alone_useful(job: JobView, shape: Shape) -> float:
+    assert job.model is not None
+    alone = job.model.step_seconds[min(job.model.step_seconds)]
+    return job.workers * alone / (shape.step_seconds * shape.steps_ratio)
+
+
+def _best_alone(job: JobView, layout: _Layout) -> SPBConfig | None:
+    """Off, or the configuration that yields more useful progress on its own."""
+    if job.model is None or job.model.spb_profile is None or job.workers < 2:
+        return None
+    nodes = len({layout.node_of[g] for g in layout.gpus[job.id]})
+    best: SPBConfig | None = None
+    best_value = _alone_useful(job, job.model.shape(None, job.workers, nodes))
+    for config in CONFIGS:
+        value = _alone_useful(job, job.model.shape(config, job.workers, nodes))
+        if value > best_value * 1.01:  # not for a rounding error's worth
+            best, best_value = config, value
+    return best
+
+
+def _hosting_config(job: JobView, layout: _Layout) -> SPBConfig | None:
+    """The SPB configuration that leaves the most room on its partial workers for a
+    guest at the least statistical price."""
+    if job.model is None or job.model.spb_profile is None or job.workers < 2:
+        return layout.config[job.id]
+    nodes = len({layout.node_of[g] for g in layout.gpus[job.id]})
+
+    def room(config: SPBConfig) -> float:
+        shape = job.model.shape(config, job.workers, nodes)  # type: ignore[union-attr]
+        slack = sum(1.0 - d for d in shape.demands)
+        return slack * _alone_useful(job, shape)
+
+    return max(CONFIGS, key=room)
+
+
+def _pack(
+    layout: _Layout,
+    job: JobView,
+    usable: dict[int, GPUView],
+    min_gain: float,
+    max_host_loss: float,
+) -> bool:
+    """Place `job` as a guest where it adds the most, if it adds at least `min_gain`."""
+    assert job.model is not None
+    hosts = {
+        layout.on_gpu[g][0]
+        for g in usable
+        if len(layout.on_gpu.get(g, ())) == 1 and layout.jobs[layout.on_gpu[g][0]].model
+    }
+    best: tuple[float, tuple[int, ...], dict[int, SPBConfig | None]] | None = None
+    for switch in (False, True):
+        before = {h: layout.config[h] for h in hosts}
+        if switch:
+            changed = {h: _hosting_config(layout.jobs[h], layout) for h in hosts}
+            changed = {h: c for h, c in changed.items() if c != before[h]}
+            if not changed:
+                continue
+        else:
+            changed = {}
+        for host, config in changed.items():
+            layout.config[host] = config
+        choice = _choose_gpus(layout, job, usable)
+        for host in changed:
+            layout.config[host] = before[host]
+        if choice is None:
+            continue
+        touched = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
+        configs = {h: c for h, c in changed.items() if h in touched}
+        gain = _gain(layout, job, choice, configs, max_host_loss)
+        if gain >= min_gain * job.workers and (best is None or gain > best[0]):
+            best = (gain, choice, configs)
+    if best is None:
+        return False
+    _, choice, configs = best
+    layout.config.update(configs)
+    layout.put(job, choice, None)
+    return True
+
+
+def _choose_gpus(
+    layout: _Layout, job: JobView, usable: dict[int, GPUView]
+) -> tuple[int, ...] | None:
+    """The `job.workers` GPUs where a guest disturbs least: free ones, then those whose
+    only job leaves the most of the GPU idle, memory permitting; fewest nodes first
+    among equals."""
+    assert job.model is not None
+    guest = job.model.shape(None, job.workers, 1)
+    need = max(guest.worker_memory_bytes)
+    demand = max(guest.demands)
+    ranked = []
+    for gpu in usable:
+        on = layout.on_gpu.get(gpu, [])
+        if len(on) > 1:
+            continue
+        if on and layout.jobs[on[0]].model is None:
+            continue
+        if layout.memory_used(gpu) + need > layout.memory_of[gpu]:
+            continue
+        load = layout.demand(on[0], gpu) if on else 0.0
+        ranked.append((load + demand > 1.0, load, layout.node_of[gpu], gpu))
+    if len(ranked) < job.workers:
+        return None
+    ranked.sort()
+    return tuple(gpu for *_, gpu in ranked[: job.workers])
+
+
+def _gain(
+    layout: _Layout,
+    job: JobView,
+    choice: tuple[int, ...],
+    configs: dict[int, SPBConfig | None],
+    max_host_loss: float,
+) -> float:
+    """Useful GPUs gained by placing `job` on `choice` with these host configurations."""
+    hosts = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
+    # Every job sharing a GPU with a host is affected through the host's pace only.
+    before = {h: layout.useful(h) for h in hosts}
+    saved = {h: layout.config[h] for h in configs}
+    layout.config.update(configs)
+    layout.put(job, choice, None)
+    after = {h: layout.useful(h) for h in hosts}
+    guest = layout.useful(job.id)
+    layout.take(job.id)
+    layout.config.update(saved)
+    # Hosts are ahead of the guest in the order (shorter, or starving): packing must
+    # not cost them more than `max_host_loss` of their progress.
+    if any(after[h] < before[h] * (1.0 - max_host_loss) for h in hosts):
+        return -math.inf
+    return guest + sum(after.values()) - sum(before.values())
