@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,7 +22,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from scheduler.policies import POLICIES, get_policy
+from scheduler.policies import POLICIES, Policy, get_policy, jigsaw
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles
@@ -167,7 +168,7 @@ def simulate(
                 simulator = Simulator(
                     load.jobs,
                     shape,
-                    get_policy(name),
+                    _policy(name, interference),
                     workload=load.name,
                     policy_name=name,
                     options=options,
@@ -192,6 +193,13 @@ def simulate(
 
         for path in write_plots(results, plots):
             err.print(f"wrote {path}")
+
+
+def _policy(name: str, interference: float) -> Policy:
+    """The named policy; JigSaw predicts co-location with the interference simulated."""
+    if name == "jigsaw":
+        return partial(jigsaw.schedule, interference=interference)
+    return get_policy(name)
 
 
 def _advance(progress: Progress, task: TaskID) -> Callable[[int, int], None]:

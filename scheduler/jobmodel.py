@@ -40,27 +40,45 @@ class Shape:
 
 @dataclass(frozen=True)
 class JobModel:
-    """A job's speed at its requested GPU count, by how many nodes it spans.
+    """A job's speed by how many GPUs it gets and how many nodes they span.
 
-    `step_seconds[n]` / `sync_seconds[n]`: one iteration at full backprop over n nodes
-    (n from 1; a missing n uses the largest known). `memory_bytes`: per GPU at full
+    `steps[w][n]` = (seconds per iteration, of them in synchronisation) at full
+    backprop on w GPUs over n nodes, at the job's global batch size; `workers` is what
+    it asked for (its run alone there is the yardstick of useful work). A missing n
+    uses the nearest known. Sizes other than `workers` are the ones the job may be
+    resized to (none: it runs only as asked). `memory_bytes`: per GPU at full
     backprop, `activation_fraction` of it saved activations (what a partial worker
     holds less of). `spb_profile`: the per-stage costs that price SPB configurations
     (None: SPB not available for this job).
     """
 
     iterations_total: int
-    step_seconds: Mapping[int, float]
-    sync_seconds: Mapping[int, float]
+    workers: int
+    steps: Mapping[int, Mapping[int, tuple[float, float]]]
     memory_bytes: int = 0
     activation_fraction: float = 0.0
     spb_profile: spb.SPBProfile | None = None
     _shapes: dict[tuple[int, int, str], Shape] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
+    # What a policy derives from the model alone (its best configuration by placement,
+    # its efficient size), kept with it so a round does not derive it again.
+    memo: dict[object, object] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
-    def _at(self, table: Mapping[int, float], nodes: int) -> float:
-        return table[nodes] if nodes in table else table[max(table)]
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.steps))
+
+    def step_at(self, workers: int, nodes: int) -> tuple[float, float]:
+        by_nodes = self.steps[workers]
+        if nodes in by_nodes:
+            return by_nodes[nodes]
+        return by_nodes[min(by_nodes, key=lambda n: (abs(n - nodes), n))]
+
+    @property
+    def alone_step_seconds(self) -> float:
+        """An iteration on the GPUs it asked for, on the fewest nodes, full backprop."""
+        return self.step_at(self.workers, min(self.steps[self.workers]))[0]
 
     def shape(self, config: SPBConfig | None, workers: int, nodes: int = 1) -> Shape:
         """The job's shape under `config` on `workers` GPUs spanning `nodes` nodes.
@@ -73,8 +91,8 @@ class JobModel:
         cached = self._shapes.get(key)
         if cached is not None:
             return cached
-        step = self._at(self.step_seconds, nodes)
-        sync = min(self._at(self.sync_seconds, nodes), step)
+        step, sync = self.step_at(workers, nodes)
+        sync = min(sync, step)
         compute = step - sync
         if config is None or self.spb_profile is None:
             shape = Shape(

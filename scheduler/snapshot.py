@@ -18,6 +18,8 @@ from scheduler.jobmodel import JobModel
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
 from scheduler.states import JobState
 
+_HOLDING = frozenset({JobState.SCHEDULED, JobState.RUNNING})
+
 # The message the loop writes when a policy (not a user) suspends a job: such a job waits
 # to be placed again, whereas a job a user suspended waits for the user.
 PREEMPTED_MESSAGE = "suspended by policy"

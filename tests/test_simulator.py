@@ -166,3 +166,26 @@ def test_cli_bad_input_is_a_message_not_a_traceback(
     assert result.returncode == 2
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_jobs_sharing_a_gpu_are_charged_interference_and_time_slicing(tmp_path: Path) -> None:
+    # Both 1-GPU jobs keep their GPU busy all the time (no synchronisation), so on one
+    # GPU each runs at 1 / ((1 + interference) * 2) of its speed.
+    def share(snapshot: ClusterSnapshot) -> Plan:
+        return Plan(start=tuple(Placement(j.id, (0,)) for j in snapshot.jobs if j.waiting))
+
+    workload = load_workload(write(tmp_path, HEADER + "a,0,1,100,1\nb,0,1,100,1\n"))
+    options = SimOptions(round_seconds=1000.0, restart_seconds=0.0, interference=0.25)
+    result = Simulator(workload.jobs, ClusterShape.parse("1x2"), share, options=options).run()
+    assert [r.finish for r in result.jobs] == [pytest.approx(250.0)] * 2
+    assert summarize(result)["gpu_utilization"] == pytest.approx(0.5)
+
+
+def test_jigsaw_runs_in_the_simulator_with_spb_and_packing(tmp_path: Path) -> None:
+    # Two-GPU jobs that synchronise for most of their step: JigSaw turns SPB on.
+    rows = "".join(f"j{i},{i * 30},2,400,2.0,1.5,bert\n" for i in range(4))
+    path = write(tmp_path, "name,submit_seconds,workers,iterations,step_seconds,sync_seconds,workload\n" + rows)
+    metrics = run(path, "jigsaw", cluster="1x4")
+    assert metrics["jobs"] == 4
+    assert metrics["spb_jobs"] >= 1
+    assert metrics["conflicts"] == 0

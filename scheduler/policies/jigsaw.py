@@ -48,11 +48,12 @@ from scheduler.policies.srtf import remaining_seconds
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
 
 INTERFERENCE = 0.15
-STARVATION_SECONDS = 4 * 3600.0
+STARVATION_SECONDS = 12 * 3600.0
 STICKINESS = 0.7
 MIN_GAIN = 0.1
 MAX_GUESTS = 64
 MAX_HOST_LOSS = 0.02
+EFFICIENCY_FLOORS = (0.5, 0.7, 0.8)
 CONFIGS: tuple[SPBConfig, ...] = (
     SPBConfig(full_fraction=0.5, partial_depth=0.5),
     SPBConfig(full_fraction=0.5, partial_depth=0.25),
@@ -78,7 +79,7 @@ class _Layout:
         if job.model is None:
             return None
         nodes = len({self.node_of[g] for g in self.gpus[job_id]})
-        return job.model.shape(self.config[job_id], job.workers, nodes)
+        return job.model.shape(self.config[job_id], len(self.gpus[job_id]), nodes)
 
     def put(self, job: JobView, gpus: tuple[int, ...], config: SPBConfig | None) -> None:
         self.jobs[job.id] = job
@@ -111,14 +112,13 @@ class _Layout:
         job = self.jobs[job_id]
         shape = self.shape(job_id)
         if shape is None or job.model is None:
-            return float(job.workers)
+            return float(len(self.gpus[job_id]))
         factors = colocation_factors(
             {g: [(j, self.demand(j, g)) for j in self.on_gpu[g]] for g in self.gpus[job_id]},
             self.interference,
         )
         step = stretched_step(shape, [factors[g] for g in self.gpus[job_id]])
-        alone = job.model.step_seconds[min(job.model.step_seconds)]
-        return job.workers * alone / (step * shape.steps_ratio)
+        return job.workers * job.model.alone_step_seconds / (step * shape.steps_ratio)
 
 
 def schedule(
@@ -130,6 +130,7 @@ def schedule(
     min_gain: float = MIN_GAIN,
     max_guests: int = MAX_GUESTS,
     max_host_loss: float = MAX_HOST_LOSS,
+    efficiency_floors: tuple[float, ...] = EFFICIENCY_FLOORS,
 ) -> Plan:
     every = snapshot.gpus_by_id()
     usable = {
@@ -154,10 +155,18 @@ def schedule(
     capacity = snapshot.alive_gpu_count()
     budget = len(usable)
     admitted = []
+    per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
+    floor = _shrink_floor(ordered, per_node, budget, efficiency_floors)
+    size: dict[int, int] = {}
     for job in ordered:
-        if job.workers <= min(budget, capacity):
+        size[job.id] = (
+            len(job.allocated_gpu_ids)
+            if job.holding
+            else _efficient_size(job, per_node, floor)
+        )
+        if size[job.id] <= min(budget, capacity):
             admitted.append(job)
-            budget -= job.workers
+            budget -= size[job.id]
     for job in admitted:
         if job.holding and job.id not in guests:
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
@@ -171,11 +180,23 @@ def schedule(
     for job in admitted:
         if job.holding and job.id not in guests:
             continue
-        placed = gang_place(free, job.workers)
+        placed = gang_place(free, size[job.id])
         if placed is not None:
             layout.put(job, tuple(g.id for g in placed), None)
             started.append(job.id)
             if job.holding:
+                moved.append(job.id)
+    # Jobs shrunk while the cluster was crowded grow back once it has room.
+    for job in admitted:
+        if not job.holding or job.id not in layout.jobs or job.id in moved:
+            continue
+        target = _efficient_size(job, per_node, floor)
+        if target >= 2 * len(job.allocated_gpu_ids):
+            placed = gang_place(free, target)
+            if placed is not None:
+                layout.take(job.id)
+                layout.put(job, tuple(g.id for g in placed), None)
+                started.append(job.id)
                 moved.append(job.id)
     kept_guests = set()
     for job in ordered:
@@ -211,7 +232,7 @@ def schedule(
         and job.workers <= len(usable)
     ]
     for job in waiting[:max_guests]:
-        if _pack(layout, job, usable, min_gain, max_host_loss):
+        if _pack(layout, job, usable, size[job.id], min_gain, max_host_loss):
             started.append(job.id)
 
     suspend = tuple(
@@ -238,8 +259,42 @@ def _order(
     # starving keeps its place until it ends instead of being preempted next round.
     starving = waited > starvation_seconds
     remaining = remaining_seconds(job) * (stickiness if job.holding else 1.0)
-    # Starving jobs go by arrival: the longest-waiting first.
-    return (-job.priority, not starving, -arrived if starving else remaining, -arrived, job.id)
+    return (-job.priority, not starving, remaining, -arrived, job.id)
+
+
+def _shrink_floor(
+    jobs: list[JobView], per_node: int, capacity: int, floors: tuple[float, ...]
+) -> float:
+    """How hard to shrink jobs this round: not at all while what they ask for fits,
+    else the mildest floor under which they do (the hardest when none does)."""
+    if sum(job.workers for job in jobs) <= capacity:
+        return 0.0
+    for floor in floors:
+        if sum(_efficient_size(job, per_node, floor) for job in jobs) <= capacity:
+            return floor
+    return floors[-1] if floors else 0.0
+
+
+def _efficient_size(job: JobView, per_node: int, floor: float) -> int:
+    """The most GPUs the job runs on at no less than `floor` of its best useful
+    progress per GPU (a job that asked for more GPUs than it can use well gets fewer;
+    a job whose speed is known only as asked gets what it asked)."""
+    if job.model is None or len(job.model.sizes) < 2:
+        return job.workers
+    key = ("size", per_node, floor)
+    if key not in job.model.memo:
+        job.model.memo[key] = _efficient_size_at(job, per_node, floor)
+    return job.model.memo[key]  # type: ignore[return-value]
+
+
+def _efficient_size_at(job: JobView, per_node: int, floor: float) -> int:
+    assert job.model is not None
+    per_gpu = {}
+    for workers in job.model.sizes:
+        step, _ = job.model.step_at(workers, -(-workers // per_node))
+        per_gpu[workers] = 1.0 / (step * workers)
+    best = max(per_gpu.values())
+    return max(w for w, value in per_gpu.items() if value >= floor * best)
 
 
 def _guests(snapshot: ClusterSnapshot) -> set[int]:
@@ -264,19 +319,27 @@ def _guests(snapshot: ClusterSnapshot) -> set[int]:
 
 def _alone_useful(job: JobView, shape: Shape) -> float:
     assert job.model is not None
-    alone = job.model.step_seconds[min(job.model.step_seconds)]
-    return job.workers * alone / (shape.step_seconds * shape.steps_ratio)
+    return job.workers * job.model.alone_step_seconds / (shape.step_seconds * shape.steps_ratio)
 
 
 def _best_alone(job: JobView, layout: _Layout) -> SPBConfig | None:
     """Off, or the configuration that yields more useful progress on its own."""
-    if job.model is None or job.model.spb_profile is None or job.workers < 2:
+    workers = len(layout.gpus[job.id])
+    if job.model is None or job.model.spb_profile is None or workers < 2:
         return None
     nodes = len({layout.node_of[g] for g in layout.gpus[job.id]})
+    key = ("best_alone", workers, nodes)
+    if key not in job.model.memo:
+        job.model.memo[key] = _best_alone_at(job, workers, nodes)
+    return job.model.memo[key]  # type: ignore[return-value]
+
+
+def _best_alone_at(job: JobView, workers: int, nodes: int) -> SPBConfig | None:
+    assert job.model is not None
     best: SPBConfig | None = None
-    best_value = _alone_useful(job, job.model.shape(None, job.workers, nodes))
+    best_value = _alone_useful(job, job.model.shape(None, workers, nodes))
     for config in CONFIGS:
-        value = _alone_useful(job, job.model.shape(config, job.workers, nodes))
+        value = _alone_useful(job, job.model.shape(config, workers, nodes))
         if value > best_value * 1.01:  # not for a rounding error's worth
             best, best_value = config, value
     return best
@@ -285,12 +348,13 @@ def _best_alone(job: JobView, layout: _Layout) -> SPBConfig | None:
 def _hosting_config(job: JobView, layout: _Layout) -> SPBConfig | None:
     """The SPB configuration that leaves the most room on its partial workers for a
     guest at the least statistical price."""
-    if job.model is None or job.model.spb_profile is None or job.workers < 2:
+    workers = len(layout.gpus[job.id])
+    if job.model is None or job.model.spb_profile is None or workers < 2:
         return layout.config[job.id]
     nodes = len({layout.node_of[g] for g in layout.gpus[job.id]})
 
     def room(config: SPBConfig) -> float:
-        shape = job.model.shape(config, job.workers, nodes)  # type: ignore[union-attr]
+        shape = job.model.shape(config, workers, nodes)  # type: ignore[union-attr]
         slack = sum(1.0 - d for d in shape.demands)
         return slack * _alone_useful(job, shape)
 
@@ -301,6 +365,7 @@ def _pack(
     layout: _Layout,
     job: JobView,
     usable: dict[int, GPUView],
+    size: int,
     min_gain: float,
     max_host_loss: float,
 ) -> bool:
@@ -323,7 +388,7 @@ def _pack(
             changed = {}
         for host, config in changed.items():
             layout.config[host] = config
-        choice = _choose_gpus(layout, job, usable)
+        choice = _choose_gpus(layout, job, size, usable)
         for host in changed:
             layout.config[host] = before[host]
         if choice is None:
@@ -331,7 +396,7 @@ def _pack(
         touched = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
         configs = {h: c for h, c in changed.items() if h in touched}
         gain = _gain(layout, job, choice, configs, max_host_loss)
-        if gain >= min_gain * job.workers and (best is None or gain > best[0]):
+        if gain >= min_gain * len(choice) and (best is None or gain > best[0]):
             best = (gain, choice, configs)
     if best is None:
         return False
@@ -342,13 +407,13 @@ def _pack(
 
 
 def _choose_gpus(
-    layout: _Layout, job: JobView, usable: dict[int, GPUView]
+    layout: _Layout, job: JobView, size: int, usable: dict[int, GPUView]
 ) -> tuple[int, ...] | None:
-    """The `job.workers` GPUs where a guest disturbs least: free ones, then those whose
+    """The `size` GPUs where a guest disturbs least: free ones, then those whose
     only job leaves the most of the GPU idle, memory permitting; fewest nodes first
     among equals."""
     assert job.model is not None
-    guest = job.model.shape(None, job.workers, 1)
+    guest = job.model.shape(None, size, 1)
     need = max(guest.worker_memory_bytes)
     demand = max(guest.demands)
     ranked = []
@@ -362,10 +427,10 @@ def _choose_gpus(
             continue
         load = layout.demand(on[0], gpu) if on else 0.0
         ranked.append((load + demand > 1.0, load, layout.node_of[gpu], gpu))
-    if len(ranked) < job.workers:
+    if len(ranked) < size:
         return None
     ranked.sort()
-    return tuple(gpu for *_, gpu in ranked[: job.workers])
+    return tuple(gpu for *_, gpu in ranked[:size])
 
 
 def _gain(

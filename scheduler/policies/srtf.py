@@ -18,7 +18,7 @@ from scheduler.snapshot import ClusterSnapshot, JobView
 def remaining_seconds(job: JobView) -> float:
     if job.model is not None:
         left = max(job.model.iterations_total - job.iterations_done, 0)
-        return left * job.model.step_seconds[min(job.model.step_seconds)]
+        return left * job.model.alone_step_seconds
     target = job.spec.get("max_iterations")
     if target is None:
         return math.inf

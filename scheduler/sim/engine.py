@@ -97,6 +97,7 @@ class JobRecord:
     finish: float | None = None
     suspensions: int = 0
     reconfigurations: int = 0
+    shared: bool = False  # shares a GPU with another job now
     packed_rounds: int = 0
 
     def finish_time(self, now: float) -> float:
@@ -153,7 +154,7 @@ class Simulator:
                 continue
             submit = 0.0 if self.options.zero_arrivals else trace.submit_seconds
             model = self._model(trace)
-            alone = trace.iterations * model.step_seconds[min(model.step_seconds)]
+            alone = trace.iterations * model.alone_step_seconds
             self._records.append(JobRecord(trace, number, submit, model, alone))
         self._records.sort(key=lambda r: (r.submit, r.id))
         self._gpu_node = [g // cluster.gpus_per_node for g in range(cluster.gpus)]
@@ -161,27 +162,37 @@ class Simulator:
         self._gpu_views = [self._gpu_view(g) for g in range(cluster.gpus)]
         self._node_views = [self._node_view(n) for n in range(cluster.nodes)]
         self._dirty_nodes: set[int] = set()
+        self._changed_gpus: set[int] = set()  # holders changed since speeds were set
+        self._touched: set[int] = set()  # jobs reconfigured since speeds were set
+        self._views: dict[int, JobView] = {}  # of jobs not running, until they change
         self._by_id = {record.id: record for record in self._records}
         self.conflicts = 0
 
     # -- the job's speed ---------------------------------------------------------------
 
     def _model(self, trace: TraceJob) -> JobModel:
+        """Step times at the size asked for and, where the trace measures scaling, at
+        every smaller power of two (the sizes a policy may shrink the job to)."""
         per_node = self.cluster.gpus_per_node
-        fewest = math.ceil(trace.workers / per_node)
-        most = min(trace.workers, self.cluster.nodes)
-        steps, syncs = {}, {}
-        for nodes in range(fewest, most + 1):
-            step, sync = trace.speed.step_time(_spread(trace.workers, nodes, per_node))
-            steps[nodes], syncs[nodes] = step, sync
+        sizes = {trace.workers}
+        if trace.speed.elastic:
+            sizes.update(1 << k for k in range(trace.workers.bit_length()) if 1 << k < trace.workers)
+        steps: dict[int, dict[int, tuple[float, float]]] = {}
+        for workers in sorted(sizes):
+            fewest = math.ceil(workers / per_node)
+            most = min(workers, self.cluster.nodes) if trace.speed.elastic else fewest
+            steps[workers] = {
+                nodes: trace.speed.step_time(_spread(workers, nodes, per_node))
+                for nodes in range(fewest, most + 1)
+            }
         profile = profile_for(trace.workload, self.options.spb_profiles)
-        memory, activation_share = memory_per_gpu(
-            profile, trace.micro_batch or profile.per_worker_batch
-        )
+        # Memory at the largest per-GPU batch it may run (its smallest size).
+        micro = trace.micro_batch_at(min(sizes)) or profile.per_worker_batch
+        memory, activation_share = memory_per_gpu(profile, micro)
         return JobModel(
             iterations_total=trace.iterations,
-            step_seconds=steps,
-            sync_seconds=syncs,
+            workers=trace.workers,
+            steps=steps,
             memory_bytes=memory,
             activation_fraction=activation_share,
             spb_profile=profile,
@@ -214,8 +225,13 @@ class Simulator:
             gpus=tuple(self._gpu_views[node * per_node : (node + 1) * per_node]),
         )
 
-    def _job_view(self, record: JobRecord, now: float) -> JobView:
-        return JobView(
+    def _job_view(self, record: JobRecord) -> JobView:
+        """The policy's view of a job; a waiting job's does not change while it waits."""
+        if record.state is not JobState.RUNNING:
+            view = self._views.get(record.id)
+            if view is not None and view.state is record.state:
+                return view
+        view = JobView(
             id=record.id,
             state=record.state,
             priority=record.trace.priority,
@@ -232,6 +248,9 @@ class Simulator:
             preempted=record.preempted,
             model=record.model,
         )
+        if record.state is not JobState.RUNNING:
+            self._views[record.id] = view
+        return view
 
     def _set_holders(self, record: JobRecord, add: bool) -> None:
         for gpu in record.gpus:
@@ -241,6 +260,7 @@ class Simulator:
                 self._holders[gpu].remove(record.id)
             self._gpu_views[gpu] = replace(self._gpu_views[gpu], holders=tuple(self._holders[gpu]))
             self._dirty_nodes.add(self._gpu_node[gpu])
+            self._changed_gpus.add(gpu)
 
     # -- the run ---------------------------------------------------------------------
 
@@ -266,10 +286,11 @@ class Simulator:
             upcoming = min(events)
             following = max(math.ceil(upcoming / step) * step, now + step if rounds else 0.0)
             # 2. progress and ends until then
-            busy = sum(1 for holders in self._holders if holders)
-            busy_seconds += busy * (following - now)
+            busy_until: dict[int, float] = {}
             for record in list(running.values()):
                 end = record.finish_time(now)
+                for gpu in record.gpus:
+                    busy_until[gpu] = max(busy_until.get(gpu, now), min(end, following))
                 until = min(end, following)
                 start = max(now, record.ready_at)
                 if until > start:
@@ -283,6 +304,7 @@ class Simulator:
                     del running[record.id]
                     del active[record.id]
                     finished += 1
+            busy_seconds += sum(busy_until.values()) - now * len(busy_until)
             now = following
             while arrivals < total and self._records[arrivals].submit <= now:
                 record = self._records[arrivals]
@@ -295,7 +317,7 @@ class Simulator:
             self._dirty_nodes.clear()
             snapshot = ClusterSnapshot(
                 nodes=tuple(self._node_views),
-                jobs=tuple(self._job_view(r, now) for r in active.values()),
+                jobs=tuple(self._job_view(r) for r in active.values()),
                 now=EPOCH + timedelta(seconds=now),
             )
             plan = self.policy(snapshot)
@@ -355,6 +377,7 @@ class Simulator:
                 record.config = dict(change.spb)
                 record.memory = self._shape(record).worker_memory_bytes
                 record.reconfigurations += 1
+                self._touched.add(record.id)
         for placement in plan.start:
             record = self._by_id[placement.job_id]
             waiting = record.state is JobState.QUEUED or (
@@ -363,11 +386,12 @@ class Simulator:
             if not waiting or not can_transition(record.state, JobState.SCHEDULED):
                 self.conflicts += 1
                 continue
-            if len(placement.gpu_ids) != record.trace.workers or not self._fits(
+            if len(placement.gpu_ids) not in record.model.steps or not self._fits(
                 record, placement.gpu_ids, placement.spb
             ):
                 self.conflicts += 1
                 continue
+            self._views.pop(record.id, None)
             record.state = JobState.RUNNING  # SCHEDULED, then acknowledged at once
             record.preempted = False
             record.gpus = tuple(placement.gpu_ids)
@@ -407,21 +431,31 @@ class Simulator:
         running.pop(record.id, None)
 
     def _set_speeds(self, running: dict[int, JobRecord]) -> None:
-        shapes = {job_id: self._shape(record) for job_id, record in running.items()}
-        shared = {g for r in running.values() for g in r.gpus if len(self._holders[g]) > 1}
-        demands: dict[int, list[tuple[int, float]]] = {g: [] for g in shared}
-        for job_id, record in running.items():
-            for gpu, demand in zip(record.gpus, shapes[job_id].demands, strict=True):
-                if gpu in demands:
-                    demands[gpu].append((job_id, demand))
-        factors = colocation_factors(demands, self.options.interference)
-        for job_id, record in running.items():
-            shape = shapes[job_id]
+        """Speeds of the jobs whose GPUs or configuration changed this round (the rest
+        train on as they did)."""
+        changed, self._changed_gpus = self._changed_gpus, set()
+        touched, self._touched = self._touched, set()
+        for record in running.values():
+            if record.id not in touched and not any(g in changed for g in record.gpus):
+                continue
+            shape = self._shape(record)
             record.memory = shape.worker_memory_bytes
+            demands = {
+                gpu: [(j, self._demand(j, gpu)) for j in self._holders[gpu]]
+                for gpu in record.gpus
+                if len(self._holders[gpu]) > 1
+            }
+            factors = colocation_factors(demands, self.options.interference)
             stretch = [factors.get(g, 1.0) for g in record.gpus]
-            if any(f > 1.0 for f in stretch):
-                record.packed_rounds += 1
+            record.shared = any(f > 1.0 for f in stretch)
             record.rate = 1.0 / (stretched_step(shape, stretch) * shape.steps_ratio)
+        for record in running.values():
+            if record.shared:
+                record.packed_rounds += 1
+
+    def _demand(self, job_id: int, gpu: int) -> float:
+        record = self._by_id[job_id]
+        return self._shape(record).demands[record.gpus.index(gpu)]
 
 
 def _spread(workers: int, nodes: int, per_node: int) -> tuple[int, ...]:

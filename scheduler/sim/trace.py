@@ -35,6 +35,9 @@ class TraceError(ValueError):
 
 
 class Speed(Protocol):
+    # Whether step times are known on other GPU counts (a job may be resized).
+    elastic: bool
+
     def step_time(self, placement: tuple[int, ...]) -> tuple[float, float]:
         """Seconds per iteration, and of them in synchronisation, on GPUs per node."""
         ...
@@ -46,6 +49,7 @@ class FixedSpeed:
 
     step_seconds: float
     sync_seconds: float = 0.0
+    elastic: bool = False
 
     def step_time(self, placement: tuple[int, ...]) -> tuple[float, float]:
         return self.step_seconds, self.sync_seconds
@@ -57,6 +61,7 @@ class MeasuredSpeed:
 
     application: Application
     batch_size: int
+    elastic: bool = True
 
     def step_time(self, placement: tuple[int, ...]) -> tuple[float, float]:
         return self.application.step_time(placement, self.batch_size)
@@ -71,7 +76,14 @@ class TraceJob:
     speed: Speed
     workload: str  # application (or model family) whose SPB profile applies
     priority: int = 0
-    micro_batch: float = 0.0  # per-GPU batch actually run (0: the profile's own)
+    batch_size: int = 0  # global (0: unknown, the SPB profile's own per GPU)
+    max_micro_batch: float = 0.0  # largest per-GPU batch that fits (beyond: accumulation)
+
+    def micro_batch_at(self, workers: int) -> float:
+        """Per-GPU batch run on `workers` GPUs (0: unknown)."""
+        if not self.batch_size:
+            return 0.0
+        return min(self.batch_size / workers, self.max_micro_batch or math.inf)
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,8 @@ def _pollux_parser(apps_dir: Path) -> Callable[[dict[str, str]], TraceJob]:
             iterations=app.iterations(batch),
             speed=MeasuredSpeed(app, batch),
             workload=app.name,
-            micro_batch=min(batch / workers, app.max_local_batch),
+            batch_size=batch,
+            max_micro_batch=app.max_local_batch,
         )
 
     return parse
