@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from scheduler import spb
 from scheduler.jobspec import SPBConfig
@@ -27,7 +28,7 @@ class Shape:
     worker_memory_bytes: tuple[int, ...]  # by rank
     steps_ratio: float  # iterations needed relative to full backprop
 
-    @property
+    @cached_property
     def demands(self) -> tuple[float, ...]:
         """Fraction of each worker's GPU the job keeps busy; the rest is slack."""
         return tuple(c / self.step_seconds for c in self.worker_compute_seconds)
@@ -58,7 +59,7 @@ class JobModel:
     memory_bytes: int = 0
     activation_fraction: float = 0.0
     spb_profile: spb.SPBProfile | None = None
-    _shapes: dict[tuple[int, int, str], Shape] = field(
+    _shapes: dict[tuple[int, int, tuple[float, float, int] | None], Shape] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
     # What a policy derives from the model alone (its best configuration by placement,
@@ -67,7 +68,10 @@ class JobModel:
 
     @property
     def sizes(self) -> tuple[int, ...]:
-        return tuple(sorted(self.steps))
+        sizes = self.memo.get("sizes")
+        if sizes is None:
+            sizes = self.memo["sizes"] = tuple(sorted(self.steps))
+        return sizes  # type: ignore[return-value]
 
     def step_at(self, workers: int, nodes: int) -> tuple[float, float]:
         by_nodes = self.steps[workers]
@@ -87,7 +91,7 @@ class JobModel:
         compute of each worker (its depth) and the bytes synchronised (the contributors
         of each stage), the first-order model of `scheduler.spb.job_cost`.
         """
-        key = (workers, nodes, spb.config_key(config))
+        key = (workers, nodes, _config_fields(config))
         cached = self._shapes.get(key)
         if cached is not None:
             return cached
@@ -129,6 +133,12 @@ class JobModel:
             )
         self._shapes[key] = shape
         return shape
+
+
+def _config_fields(config: SPBConfig | None) -> tuple[float, float, int] | None:
+    if config is None:
+        return None
+    return (config.full_fraction, config.partial_depth, config.rotation_period)
 
 
 def colocation_factors(

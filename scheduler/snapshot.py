@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from sqlalchemy import select
@@ -78,14 +79,14 @@ class JobView:
     preempted: bool = False  # SUSPENDED by a policy: waiting to be placed again
     model: JobModel | None = None  # what is known of its speed (None: nothing)
 
-    @property
+    @cached_property
     def waiting(self) -> bool:
         """Wants GPUs: queued, or suspended by a policy."""
         return self.state is JobState.QUEUED or (
             self.state is JobState.SUSPENDED and self.preempted
         )
 
-    @property
+    @cached_property
     def holding(self) -> bool:
         return self.state in (JobState.SCHEDULED, JobState.RUNNING)
 

@@ -63,7 +63,9 @@ def job(
         held_since=None if held_for is None else T0 + timedelta(hours=1, seconds=-held_for),
         model=None
         if iterations is None
-        else JobModel(iterations_total=iterations, workers=workers, steps={workers: {1: (step, 0.0)}}),
+        else JobModel(
+            iterations_total=iterations, workers=workers, steps={workers: {1: (step, 0.0)}}
+        ),
     )
 
 

@@ -150,7 +150,9 @@ def test_a_waiting_job_is_packed_on_partial_workers_without_slowing_the_host() -
 
 
 def test_packing_never_over_commits_gpu_memory() -> None:
-    host = job(1, 2, model(2, 10_000, step=3.0, spb=profile()), state=JobState.RUNNING, gpus=(100, 101))
+    host = job(
+        1, 2, model(2, 10_000, step=3.0, spb=profile()), state=JobState.RUNNING, gpus=(100, 101)
+    )
     guest = job(2, 1, model(1, 100_000, memory=15 * GIB))
     plan = jigsaw.schedule(snap(nodes(1, 2, held={100: 1, 101: 1}), host, guest))
     assert plan == Plan()

@@ -184,7 +184,10 @@ def test_jobs_sharing_a_gpu_are_charged_interference_and_time_slicing(tmp_path: 
 def test_jigsaw_runs_in_the_simulator_with_spb_and_packing(tmp_path: Path) -> None:
     # Two-GPU jobs that synchronise for most of their step: JigSaw turns SPB on.
     rows = "".join(f"j{i},{i * 30},2,400,2.0,1.5,bert\n" for i in range(4))
-    path = write(tmp_path, "name,submit_seconds,workers,iterations,step_seconds,sync_seconds,workload\n" + rows)
+    path = write(
+        tmp_path,
+        "name,submit_seconds,workers,iterations,step_seconds,sync_seconds,workload\n" + rows,
+    )
     metrics = run(path, "jigsaw", cluster="1x4")
     assert metrics["jobs"] == 4
     assert metrics["spb_jobs"] >= 1

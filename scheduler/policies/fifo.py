@@ -9,7 +9,10 @@ queue (it is placed once enough nodes join).
 
 from __future__ import annotations
 
+import heapq
 import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,46 +28,80 @@ def queue_order(job: JobView) -> tuple[int, datetime, int]:
 
 
 def schedule(snapshot: ClusterSnapshot) -> Plan:
-    free = {node_id: list(gpus) for node_id, gpus in snapshot.free_gpus_by_node().items()}
+    free = FreePool(snapshot.free_gpus_by_node())
     capacity = snapshot.alive_gpu_count()
     placements: list[Placement] = []
     for job in sorted(snapshot.jobs_in(JobState.QUEUED), key=queue_order):
         if job.workers > capacity:
             logger.debug("job %d needs %d GPUs; the cluster has %d", job.id, job.workers, capacity)
             continue
-        gpus = gang_place(free, job.workers)
+        gpus = free.take(job.workers)
         if gpus is None:
             break  # head-of-line blocking is deliberate, see the module docstring
         placements.append(Placement(job.id, tuple(gpu.id for gpu in gpus), spb_of(job)))
     return Plan(start=tuple(placements))
 
 
-def gang_place(free: dict[int, list[GPUView]], workers: int) -> list[GPUView] | None:
-    """Take `workers` GPUs from `free` (consumed in place), or None and take nothing.
+class FreePool:
+    """Free GPUs by node, taken a gang at a time on as few nodes as possible.
 
-    While no single node can hold what is left, take the node with the most free GPUs;
-    then finish on the node with the fewest free GPUs that still fits (best fit), which
-    keeps large holes open for large jobs. This uses the fewest nodes possible.
+    While no single node can hold what is left of a gang, take the node with the most
+    free GPUs; then finish on the node with the fewest free GPUs that still fits (best
+    fit), which keeps large holes open for large jobs. This uses the fewest nodes
+    possible. Ties go to the first node by name, so plans are deterministic. Nodes are
+    kept in one heap per free count, so a placement costs about the GPUs per node plus
+    a heap operation, not a scan of the cluster.
     """
-    if sum(len(gpus) for gpus in free.values()) < workers:
+
+    def __init__(self, free: Mapping[int, Sequence[GPUView]]) -> None:
+        self._gpus = {node: list(gpus) for node, gpus in free.items() if gpus}
+        self.total = sum(len(gpus) for gpus in self._gpus.values())
+        self._heaps: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        for gpus in self._gpus.values():
+            self._heaps[len(gpus)].append(_node_key(gpus))
+        for heap in self._heaps.values():
+            heapq.heapify(heap)
+
+    def _first(self, count: int) -> int | None:
+        """The first node (by name) with exactly `count` free GPUs."""
+        heap = self._heaps.get(count)
+        while heap:
+            _, node = heap[0]
+            if len(self._gpus.get(node, ())) == count:
+                return node
+            heapq.heappop(heap)  # stale: that node's count changed since
         return None
-    chosen: list[GPUView] = []
-    while len(chosen) < workers:
-        needed = workers - len(chosen)
-        fitting = [node_id for node_id, gpus in free.items() if len(gpus) >= needed]
-        if fitting:
-            node_id = min(fitting, key=lambda n: (len(free[n]), *_node_key(free[n])))
-        else:
-            node_id = min(free, key=lambda n: (-len(free[n]), *_node_key(free[n])))
-        taken, free[node_id] = free[node_id][:needed], free[node_id][needed:]
-        if not free[node_id]:
-            del free[node_id]
-        chosen.extend(taken)
-    return chosen
+
+    def take(self, workers: int) -> list[GPUView] | None:
+        """`workers` GPUs, or None and take nothing."""
+        if self.total < workers:
+            return None
+        chosen: list[GPUView] = []
+        counts = sorted((c for c, heap in self._heaps.items() if heap), reverse=True)
+        while len(chosen) < workers:
+            needed = workers - len(chosen)
+            node = None
+            for count in sorted(c for c in counts if c >= needed):
+                node = self._first(count)
+                if node is not None:
+                    break
+            if node is None:
+                node = next(n for c in counts if (n := self._first(c)) is not None)
+            gpus = self._gpus[node]
+            taken, rest = gpus[:needed], gpus[needed:]
+            chosen.extend(taken)
+            self.total -= len(taken)
+            if rest:
+                self._gpus[node] = rest
+                heapq.heappush(self._heaps[len(rest)], _node_key(rest))
+                if len(rest) not in counts:
+                    counts = sorted({*counts, len(rest)}, reverse=True)
+            else:
+                del self._gpus[node]
+        return chosen
 
 
-def _node_key(gpus: list[GPUView]) -> tuple[str, int]:
-    # Ties between equally good nodes go to the first by name, so plans are deterministic.
+def _node_key(gpus: Sequence[GPUView]) -> tuple[str, int]:
     return (gpus[0].node_name, gpus[0].node_id)
 
 

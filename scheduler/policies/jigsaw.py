@@ -42,7 +42,7 @@ from scheduler import spb
 from scheduler.jobmodel import Shape, colocation_factors, stretched_step
 from scheduler.jobspec import SPBConfig
 from scheduler.plan import Placement, Plan, Reconfigure
-from scheduler.policies.fifo import gang_place
+from scheduler.policies.fifo import FreePool
 from scheduler.policies.preemptive import candidates
 from scheduler.policies.srtf import remaining_seconds
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
@@ -52,6 +52,7 @@ STARVATION_SECONDS = 12 * 3600.0
 STICKINESS = 0.7
 MIN_GAIN = 0.1
 MAX_GUESTS = 64
+MAX_FAILURES = 8
 MAX_HOST_LOSS = 0.02
 EFFICIENCY_FLOORS = (0.5, 0.7, 0.8)
 CONFIGS: tuple[SPBConfig, ...] = (
@@ -71,6 +72,7 @@ class _Layout:
     memory_of: dict[int, int]
     jobs: dict[int, JobView] = field(default_factory=dict)
     gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # job -> GPUs by rank
+    nodes: dict[int, int] = field(default_factory=dict)  # job -> how many nodes it spans
     config: dict[int, SPBConfig | None] = field(default_factory=dict)
     on_gpu: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
 
@@ -78,12 +80,13 @@ class _Layout:
         job = self.jobs[job_id]
         if job.model is None:
             return None
-        nodes = len({self.node_of[g] for g in self.gpus[job_id]})
+        nodes = self.nodes[job_id]
         return job.model.shape(self.config[job_id], len(self.gpus[job_id]), nodes)
 
     def put(self, job: JobView, gpus: tuple[int, ...], config: SPBConfig | None) -> None:
         self.jobs[job.id] = job
         self.gpus[job.id] = gpus
+        self.nodes[job.id] = len({self.node_of[g] for g in gpus})
         self.config[job.id] = config
         for gpu in gpus:
             self.on_gpu[gpu].append(job.id)
@@ -91,6 +94,7 @@ class _Layout:
     def take(self, job_id: int) -> None:
         for gpu in self.gpus.pop(job_id):
             self.on_gpu[gpu].remove(job_id)
+        del self.nodes[job_id]
         del self.config[job_id]
         del self.jobs[job_id]
 
@@ -160,9 +164,7 @@ def schedule(
     size: dict[int, int] = {}
     for job in ordered:
         size[job.id] = (
-            len(job.allocated_gpu_ids)
-            if job.holding
-            else _efficient_size(job, per_node, floor)
+            len(job.allocated_gpu_ids) if job.holding else _efficient_size(job, per_node, floor)
         )
         if size[job.id] <= min(budget, capacity):
             admitted.append(job)
@@ -175,12 +177,13 @@ def schedule(
     for gpu in usable.values():
         if not layout.on_gpu.get(gpu.id) and gpu.id not in packed:
             free[gpu.node_id].append(gpu)
+    pool = FreePool(free)
     started: list[int] = []
     moved: list[int] = []
     for job in admitted:
         if job.holding and job.id not in guests:
             continue
-        placed = gang_place(free, size[job.id])
+        placed = pool.take(size[job.id])
         if placed is not None:
             layout.put(job, tuple(g.id for g in placed), None)
             started.append(job.id)
@@ -192,7 +195,7 @@ def schedule(
             continue
         target = _efficient_size(job, per_node, floor)
         if target >= 2 * len(job.allocated_gpu_ids):
-            placed = gang_place(free, target)
+            placed = pool.take(target)
             if placed is not None:
                 layout.take(job.id)
                 layout.put(job, tuple(g.id for g in placed), None)
@@ -231,9 +234,16 @@ def schedule(
         and job.model is not None
         and job.workers <= len(usable)
     ]
+    rooms = _Rooms(layout, usable)
+    failures = 0
     for job in waiting[:max_guests]:
-        if _pack(layout, job, usable, size[job.id], min_gain, max_host_loss):
+        if _pack(rooms, job, size[job.id], min_gain, max_host_loss):
             started.append(job.id)
+            failures = 0
+        else:
+            failures += 1
+            if failures == MAX_FAILURES:
+                break  # the rest of the queue is unlikely to fit where these did not
 
     suspend = tuple(
         sorted([j.id for j in snapshot.jobs if j.holding and j.id not in layout.jobs] + moved)
@@ -352,49 +362,107 @@ def _hosting_config(job: JobView, layout: _Layout) -> SPBConfig | None:
     if job.model is None or job.model.spb_profile is None or workers < 2:
         return layout.config[job.id]
     nodes = len({layout.node_of[g] for g in layout.gpus[job.id]})
+    key = ("hosting", workers, nodes)
+    if key not in job.model.memo:
 
-    def room(config: SPBConfig) -> float:
-        shape = job.model.shape(config, workers, nodes)  # type: ignore[union-attr]
-        slack = sum(1.0 - d for d in shape.demands)
-        return slack * _alone_useful(job, shape)
+        def room(config: SPBConfig) -> float:
+            shape = job.model.shape(config, workers, nodes)  # type: ignore[union-attr]
+            slack = sum(1.0 - d for d in shape.demands)
+            return slack * _alone_useful(job, shape)
 
-    return max(CONFIGS, key=room)
+        job.model.memo[key] = max(CONFIGS, key=room)
+    return job.model.memo[key]  # type: ignore[return-value]
+
+
+@dataclass
+class _Rooms:
+    """GPUs a guest may join, least loaded first, under the hosts' current
+    configurations or with every host switched to its hosting configuration.
+
+    Ranked once per round: a guest scans from the front for GPUs its memory fits on,
+    so placing one costs about its own size, not the cluster's.
+    """
+
+    layout: _Layout
+    usable: dict[int, GPUView]
+    ranked: dict[bool, list[tuple[float, int, int, int]]] = field(default_factory=dict)
+    taken: set[int] = field(default_factory=set)
+
+    def hosting(self) -> dict[int, SPBConfig | None]:
+        hosts = {on[0] for g in self.usable if len(on := self.layout.on_gpu.get(g, [])) == 1}
+        switched = {h: _hosting_config(self.layout.jobs[h], self.layout) for h in hosts}
+        return {h: c for h, c in switched.items() if c != self.layout.config[h]}
+
+    def rank(self, switch: bool) -> list[tuple[float, int, int, int]]:
+        if switch not in self.ranked:
+            layout = self.layout
+            changed = self.hosting() if switch else {}
+            saved = {h: layout.config[h] for h in changed}
+            layout.config.update(changed)
+            entries = [
+                (0.0, layout.node_of[gpu], gpu, 0)
+                for gpu in self.usable
+                if not layout.on_gpu.get(gpu)
+            ]
+            for job_id, gpus in layout.gpus.items():
+                shape = layout.shape(job_id)
+                if shape is None:
+                    continue
+                for rank, gpu in enumerate(gpus):
+                    if gpu in self.usable and len(layout.on_gpu[gpu]) == 1:
+                        entries.append(
+                            (
+                                shape.demands[rank],
+                                layout.node_of[gpu],
+                                gpu,
+                                shape.worker_memory_bytes[rank],
+                            )
+                        )
+            layout.config.update(saved)
+            entries.sort()
+            self.ranked[switch] = entries
+        return self.ranked[switch]
+
+    def choose(self, size: int, need: int, switch: bool) -> tuple[int, ...] | None:
+        chosen = []
+        memory = self.layout.memory_of
+        for _, _, gpu, used in self.rank(switch):
+            if gpu in self.taken or used + need > memory[gpu]:
+                continue
+            chosen.append(gpu)
+            if len(chosen) == size:
+                return tuple(chosen)
+        return None
 
 
 def _pack(
-    layout: _Layout,
+    rooms: _Rooms,
     job: JobView,
-    usable: dict[int, GPUView],
     size: int,
     min_gain: float,
     max_host_loss: float,
 ) -> bool:
-    """Place `job` as a guest where it adds the most, if it adds at least `min_gain`."""
+    """Place `job` as a guest where it adds the most, if it adds at least `min_gain`
+    useful GPUs per GPU it takes."""
     assert job.model is not None
-    hosts = {
-        layout.on_gpu[g][0]
-        for g in usable
-        if len(layout.on_gpu.get(g, ())) == 1 and layout.jobs[layout.on_gpu[g][0]].model
-    }
+    layout = rooms.layout
+    guest = job.model.shape(None, size, 1)
+    need = max(guest.worker_memory_bytes)
     best: tuple[float, tuple[int, ...], dict[int, SPBConfig | None]] | None = None
     for switch in (False, True):
-        before = {h: layout.config[h] for h in hosts}
-        if switch:
-            changed = {h: _hosting_config(layout.jobs[h], layout) for h in hosts}
-            changed = {h: c for h, c in changed.items() if c != before[h]}
-            if not changed:
-                continue
-        else:
-            changed = {}
-        for host, config in changed.items():
-            layout.config[host] = config
-        choice = _choose_gpus(layout, job, size, usable)
-        for host in changed:
-            layout.config[host] = before[host]
+        choice = rooms.choose(size, need, switch)
         if choice is None:
             continue
         touched = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
-        configs = {h: c for h, c in changed.items() if h in touched}
+        configs = {}
+        if switch:
+            configs = {
+                h: c
+                for h in touched
+                if (c := _hosting_config(layout.jobs[h], layout)) != layout.config[h]
+            }
+            if not configs:
+                continue
         gain = _gain(layout, job, choice, configs, max_host_loss)
         if gain >= min_gain * len(choice) and (best is None or gain > best[0]):
             best = (gain, choice, configs)
@@ -403,34 +471,8 @@ def _pack(
     _, choice, configs = best
     layout.config.update(configs)
     layout.put(job, choice, None)
+    rooms.taken.update(choice)
     return True
-
-
-def _choose_gpus(
-    layout: _Layout, job: JobView, size: int, usable: dict[int, GPUView]
-) -> tuple[int, ...] | None:
-    """The `size` GPUs where a guest disturbs least: free ones, then those whose
-    only job leaves the most of the GPU idle, memory permitting; fewest nodes first
-    among equals."""
-    assert job.model is not None
-    guest = job.model.shape(None, size, 1)
-    need = max(guest.worker_memory_bytes)
-    demand = max(guest.demands)
-    ranked = []
-    for gpu in usable:
-        on = layout.on_gpu.get(gpu, [])
-        if len(on) > 1:
-            continue
-        if on and layout.jobs[on[0]].model is None:
-            continue
-        if layout.memory_used(gpu) + need > layout.memory_of[gpu]:
-            continue
-        load = layout.demand(on[0], gpu) if on else 0.0
-        ranked.append((load + demand > 1.0, load, layout.node_of[gpu], gpu))
-    if len(ranked) < size:
-        return None
-    ranked.sort()
-    return tuple(gpu for *_, gpu in ranked[:size])
 
 
 def _gain(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from scheduler.plan import Placement, Plan
-from scheduler.policies.fifo import gang_place, spb_of
+from scheduler.policies.fifo import FreePool, spb_of
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
 
 
@@ -42,11 +42,12 @@ def run_in_order(snapshot: ClusterSnapshot, ordered: Iterable[JobView]) -> Plan:
             open_gpus = [gpus[g.id] for g in node.gpus if g.id not in held]
             if open_gpus:
                 free[node.id] = open_gpus
+    pool = FreePool(free)
     start = []
     for job in admitted:
         if job.holding:
             continue
-        placed = gang_place(free, job.workers)
+        placed = pool.take(job.workers)
         if placed is not None:
             start.append(Placement(job.id, tuple(gpu.id for gpu in placed), spb_of(job)))
     return Plan(start=tuple(start), suspend=suspend)

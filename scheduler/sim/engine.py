@@ -176,7 +176,9 @@ class Simulator:
         per_node = self.cluster.gpus_per_node
         sizes = {trace.workers}
         if trace.speed.elastic:
-            sizes.update(1 << k for k in range(trace.workers.bit_length()) if 1 << k < trace.workers)
+            sizes.update(
+                1 << k for k in range(trace.workers.bit_length()) if 1 << k < trace.workers
+            )
         steps: dict[int, dict[int, tuple[float, float]]] = {}
         for workers in sorted(sizes):
             fewest = math.ceil(workers / per_node)

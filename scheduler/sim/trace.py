@@ -35,8 +35,10 @@ class TraceError(ValueError):
 
 
 class Speed(Protocol):
-    # Whether step times are known on other GPU counts (a job may be resized).
-    elastic: bool
+    @property
+    def elastic(self) -> bool:
+        """Whether step times are known on other GPU counts (a job may be resized)."""
+        ...
 
     def step_time(self, placement: tuple[int, ...]) -> tuple[float, float]:
         """Seconds per iteration, and of them in synchronisation, on GPUs per node."""

@@ -1,0 +1,107 @@
+"""How long one scheduling round of a policy takes, JigSaw against Tiresias.
+
+A realistic snapshot comes from the simulator: the jobs of Pollux workload-6 (resampled
+to the wanted count) are all submitted at time 0 on the wanted cluster, and the
+snapshot of the second round is kept (jobs running, SPB configured, guests packed,
+the rest waiting). Each policy then plans that same snapshot `--repeat` times: the
+first call is cold (nothing derived yet), the rest warm (what a policy memoizes per
+job, as it does round after round). Targets: JigSaw <= 20 ms at 64 GPUs and 160 jobs,
+<= 1 s at 8,192 GPUs and 10,000 jobs.
+
+    python -m benchmarks.policy_round [--repeat 5] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import emit
+from scheduler.plan import Plan
+from scheduler.policies import Policy, get_policy
+from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
+from scheduler.sim.trace import TraceJob, load_workload
+from scheduler.snapshot import ClusterSnapshot
+
+WORKLOAD = Path(__file__).resolve().parents[2] / "shared/traces/pollux/workloads/workload-6.csv"
+CASES = (("16x4", 160, 20.0), ("2048x4", 10_000, 1000.0))
+
+
+class _Captured(Exception):
+    def __init__(self, snapshot: ClusterSnapshot) -> None:
+        self.snapshot = snapshot
+
+
+def snapshot_at_round(jobs: list[TraceJob], cluster: str, rounds: int) -> ClusterSnapshot:
+    """The snapshot JigSaw sees at round `rounds` of a simulated run."""
+    seen = 0
+    jigsaw = get_policy("jigsaw")
+
+    def recorder(snapshot: ClusterSnapshot) -> Plan:
+        nonlocal seen
+        seen += 1
+        if seen == rounds:
+            raise _Captured(snapshot)
+        return jigsaw(snapshot)
+
+    simulator = Simulator(
+        jobs, ClusterShape.parse(cluster), recorder, options=SimOptions(zero_arrivals=True)
+    )
+    try:
+        simulator.run()
+    except _Captured as captured:
+        return captured.snapshot
+    raise RuntimeError(f"the run ended before round {rounds}")
+
+
+def time_policy(policy: Policy, snapshot: ClusterSnapshot, repeat: int) -> tuple[float, float]:
+    """Milliseconds of the first call and the median of the others."""
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        policy(snapshot)
+        times.append((time.perf_counter() - started) * 1000)
+    return times[0], statistics.median(times[1:] or times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if not WORKLOAD.exists():
+        parser.error(f"{WORKLOAD} not found: the Pollux traces live in ../shared/traces")
+    base = load_workload(WORKLOAD).jobs
+    rows: list[dict[str, Any]] = []
+    for cluster, count, target_ms in CASES:
+        rng = random.Random(0)
+        jobs = base if count == len(base) else [rng.choice(base) for _ in range(count)]
+        snapshot = snapshot_at_round(jobs, cluster, rounds=2)
+        running = sum(1 for job in snapshot.jobs if job.holding)
+        measured = {}
+        for name in ("tiresias", "jigsaw"):
+            # A fresh snapshot's models have nothing memoized: each policy starts cold.
+            fresh = snapshot_at_round(jobs, cluster, rounds=2)
+            measured[name] = time_policy(get_policy(name), fresh, args.repeat)
+        gpus = ClusterShape.parse(cluster).gpus
+        rows.append(
+            {
+                "case": f"{gpus} GPUs, {len(snapshot.jobs)} jobs ({running} running)",
+                "tiresias_ms": measured["tiresias"][1],
+                "jigsaw_cold_ms": measured["jigsaw"][0],
+                "jigsaw_ms": measured["jigsaw"][1],
+                "jigsaw_over_tiresias": measured["jigsaw"][1] / measured["tiresias"][1],
+                "target_ms": target_ms,
+                "met_warm": measured["jigsaw"][1] <= target_ms,
+                "met_cold": measured["jigsaw"][0] <= target_ms,
+            }
+        )
+    emit(rows, "One scheduling round (ms; jigsaw_ms and tiresias_ms warm medians)", args.json)
+
+
+if __name__ == "__main__":
+    main()
