@@ -90,7 +90,10 @@ class SchedulerSettings(BaseSettings):
     round_seconds: float = Field(
         default=1.0, gt=0, description="Period of the scheduling round loop."
     )
-    policy: str = Field(default="fifo", description="Scheduling policy the loop calls.")
+    policy: str = Field(
+        default="fifo",
+        description="Scheduling policy the loop calls: fifo, srtf, tiresias, gandiva or jigsaw.",
+    )
     lease_iterations: int = Field(
         default=100,
         ge=1,

@@ -12,6 +12,7 @@ from scheduler.plan import Placement, Plan
 from scheduler.policies import get_policy
 from scheduler.sim.engine import ClusterShape, SimOptions, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize
+from scheduler.sim.profiles import default_profile, load_profiles, profile_for
 from scheduler.sim.trace import TraceError, load_workload
 from scheduler.snapshot import ClusterSnapshot
 from tests.servers import JIGSAW, clean_env
@@ -192,3 +193,19 @@ def test_jigsaw_runs_in_the_simulator_with_spb_and_packing(tmp_path: Path) -> No
     assert metrics["jobs"] == 4
     assert metrics["spb_jobs"] >= 1
     assert metrics["conflicts"] == 0
+
+
+def test_measured_spb_profiles_replace_the_assumed_defaults(tmp_path: Path) -> None:
+    measured = default_profile("resnet").to_json() | {"workload": "resnet-synthetic"}
+    measured["steps_ratio"] = {"0.5/0.5": 1.3}
+    (tmp_path / "resnet.json").write_text(json.dumps(measured))
+    profiles = load_profiles(tmp_path)
+    # cifar10 is a ResNet: the measured family profile applies, with its own price.
+    chosen = profile_for("cifar10", profiles)
+    assert chosen.workload == "resnet-synthetic"
+    assert chosen.steps_ratio == {"0.5/0.5": 1.3}
+    # Nothing measured for a transformer: the labelled first-principles default.
+    assert profile_for("bert", profiles).workload == "default-transformer"
+    (tmp_path / "broken.json").write_text("{}")
+    with pytest.raises(ValueError, match="broken.json: not an SPB profile"):
+        load_profiles(tmp_path)

@@ -135,6 +135,7 @@ def schedule(
     max_guests: int = MAX_GUESTS,
     max_host_loss: float = MAX_HOST_LOSS,
     efficiency_floors: tuple[float, ...] = EFFICIENCY_FLOORS,
+    spb_enabled: bool = True,
 ) -> Plan:
     every = snapshot.gpus_by_id()
     usable = {
@@ -223,7 +224,8 @@ def schedule(
     # 3. Each job's best configuration alone (a guest keeps its own).
     for job_id in list(layout.jobs):
         if job_id not in kept_guests:
-            layout.config[job_id] = _best_alone(layout.jobs[job_id], layout)
+            best = _best_alone(layout.jobs[job_id], layout) if spb_enabled else None
+            layout.config[job_id] = best
 
     # 4. Pack waiting jobs as guests.
     waiting = [
