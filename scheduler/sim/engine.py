@@ -188,8 +188,9 @@ class Simulator:
                 for nodes in range(fewest, most + 1)
             }
         profile = profile_for(trace.workload, self.options.spb_profiles)
-        # Memory at the largest per-GPU batch it may run (its smallest size).
-        micro = trace.micro_batch_at(min(sizes)) or profile.per_worker_batch
+        # Memory at the per-GPU batch of the size it asked for: shrunk, a job is taken to
+        # accumulate gradients over micro-batches no larger than that.
+        micro = trace.micro_batch_at(trace.workers) or profile.per_worker_batch
         memory, activation_share = memory_per_gpu(profile, micro)
         return JobModel(
             iterations_total=trace.iterations,

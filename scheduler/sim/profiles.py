@@ -59,6 +59,12 @@ _FAMILIES = {
     "mlp": _Family(1024, (0.4, 0.2, 0.2, 0.2), (400.0, 8.0, 2.0, 1.0), (50, 40, 20, 10)),
     "generic": _Family(32, (0.25,) * 4, (50.0,) * 4, (500,) * 4),
 }
+# Applications whose inputs make their activations far from their family's: CIFAR-10's
+# 32x32 images (ResNet-18), YOLOv3's 416x416 ones (Darknet-53).
+_APPLICATIONS = {
+    "cifar10": _Family(128, (0.3, 0.3, 0.25, 0.15), (0.6, 2.0, 8.0, 32.0), (800, 400, 250, 150)),
+    "yolov3": _Family(8, (0.3, 0.3, 0.25, 0.15), (2.0, 10.0, 60.0, 160.0), (3000, 2000, 1200, 600)),
+}
 
 
 def assumed_steps_ratio(config: SPBConfig) -> float:
@@ -69,10 +75,15 @@ def assumed_steps_ratio(config: SPBConfig) -> float:
     return 1.0 + 0.2 * (1.0 - config.full_fraction) * (1.0 - config.partial_depth)
 
 
-def default_profile(family: str) -> SPBProfile:
-    shape = _FAMILIES.get(family, _FAMILIES["generic"])
+def default_profile(name: str) -> SPBProfile:
+    """The default of an application (or a model family) named `name`."""
+    if name in _APPLICATIONS:
+        shape = _APPLICATIONS[name]
+    else:
+        name = name if name in _FAMILIES else family_of(name)
+        shape = _FAMILIES[name]
     return SPBProfile(
-        workload=f"default-{family}",
+        workload=f"default-{name}",
         per_worker_batch=shape.batch,
         stages=tuple(
             StageProfile(
@@ -114,7 +125,7 @@ def profile_for(workload: str, measured: Mapping[str, SPBProfile]) -> SPBProfile
     for name in sorted(measured):
         if name.startswith(family):
             return measured[name]
-    return default_profile(family)
+    return default_profile(workload)
 
 
 def memory_per_gpu(profile: SPBProfile, micro_batch: float) -> tuple[int, float]:
