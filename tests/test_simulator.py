@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from scheduler.policies import get_policy
 from scheduler.sim.engine import ClusterShape, SimOptions, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import default_profile, load_profiles, profile_for
-from scheduler.sim.trace import TraceError, load_workload
+from scheduler.sim.trace import PhillyFilter, TraceError, load_workload
 from scheduler.snapshot import ClusterSnapshot
 from tests.servers import JIGSAW, clean_env
 
@@ -209,3 +210,28 @@ def test_measured_spb_profiles_replace_the_assumed_defaults(tmp_path: Path) -> N
     (tmp_path / "broken.json").write_text("{}")
     with pytest.raises(ValueError, match="broken.json: not an SPB profile"):
         load_profiles(tmp_path)
+
+
+def test_philly_rows_are_filtered_windowed_sampled_and_rebased(tmp_path: Path) -> None:
+    rows = [
+        "2017-10-01 00:00:10,100.0,1,100.0,aa",
+        "2017-10-01 00:00:00,50.0,2,100.0,aa",
+        "2017-10-01 00:01:00,70.0,4,280.0,bb",
+        "2017-10-02 00:00:00,30.0,1,30.0,aa",
+        "2017-10-01 00:02:00,-5,1,0,aa",
+    ]
+    path = write(tmp_path, "timestamp,duration,num_gpus,gpu_time,cluster\n" + "\n".join(rows))
+    workload = load_workload(
+        path,
+        philly=PhillyFilter(cluster="aa", start=datetime(2017, 10, 1), end=datetime(2017, 10, 2)),
+    )
+    # Sorted by submission, times from the first kept one, 1 s per iteration.
+    assert [(j.submit_seconds, j.workers, j.iterations) for j in workload.jobs] == [
+        (0.0, 2, 50),
+        (10.0, 1, 100),
+    ]
+    assert [s.line for s in workload.skipped] == [6]
+    assert len(load_workload(path, philly=PhillyFilter(limit=2)).jobs) == 2
+    sampled = load_workload(path, philly=PhillyFilter(sample=0.5, seed=1)).jobs
+    assert sampled == load_workload(path, philly=PhillyFilter(sample=0.5, seed=1)).jobs
+    assert len(sampled) < 4
