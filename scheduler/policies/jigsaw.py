@@ -7,13 +7,19 @@ useful GPUs while each iteration takes `step` and it needs `ratio` times the
 iterations (its SPB configuration's statistical price). Cluster efficiency is the sum
 over jobs divided by the GPUs. Each round:
 
-1. Order the jobs that want or hold GPUs: priority first; then jobs starving (waiting
-   longer than `starvation_seconds` in all) by arrival; then shortest remaining time
-   (from the job's speed model), with running jobs' remaining time discounted by
-   `stickiness` so that a small difference never pays a restart.
-2. Admit in that order while whole GPUs remain (as the preemptive baselines do): kept
-   running jobs stay where they are, admitted newcomers are gang-placed on free GPUs,
-   running jobs not admitted are suspended unless no newcomer took their GPUs.
+1. Order the jobs that want or hold GPUs: priority first; then jobs starving (that
+   have waited longer than `starvation_seconds` in all; they keep that place while they
+   run); then shortest remaining time (from the job's speed model), running jobs'
+   remaining time discounted by `stickiness` so that a small difference never pays a
+   restart.
+2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
+   do). A waiting job gets what it asked for while all requests fit the cluster; else
+   the most GPUs it uses at no less than a floor of its best progress per GPU, the
+   mildest of `efficiency_floors` under which the requests fit. Kept running jobs stay
+   where they are; one shrunk earlier grows back (moves) when its size doubles and
+   free GPUs allow; admitted newcomers, and guests admitted to GPUs of their own, are
+   gang-placed on free GPUs; running jobs not admitted are suspended unless no
+   newcomer took their GPUs.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
@@ -66,7 +72,6 @@ CONFIGS: tuple[SPBConfig, ...] = (
 class _Layout:
     """The plan being built: who is on which GPU under which configuration."""
 
-    snapshot: ClusterSnapshot
     interference: float
     node_of: dict[int, int]
     memory_of: dict[int, int]
@@ -145,7 +150,6 @@ def schedule(
         for gpu in node.gpus
     }
     layout = _Layout(
-        snapshot,
         interference,
         node_of={g.id: g.node_id for g in every.values()},
         memory_of={g.id: g.memory_bytes for g in every.values()},

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.jobspec import SPBConfig
+from scheduler.policies.jigsaw import CONFIGS
 from scheduler.spb import SPBProfile, StageProfile, config_key
 
 # Which model family each Pollux application belongs to; anything else is "generic".
@@ -29,13 +30,6 @@ FAMILY = {
     "deepspeech2": "rnn",  # convolutions, then recurrent layers
     "ncf": "mlp",  # embeddings, then a small MLP
 }
-
-# The configurations the JigSaw policy chooses among, besides off.
-CANDIDATES: tuple[SPBConfig, ...] = (
-    SPBConfig(full_fraction=0.5, partial_depth=0.5),
-    SPBConfig(full_fraction=0.5, partial_depth=0.25),
-    SPBConfig(full_fraction=0.25, partial_depth=0.5),
-)
 
 _MIB = 1 << 20
 
@@ -97,7 +91,7 @@ def default_profile(name: str) -> SPBProfile:
                 shape.forward, shape.parameters_mib, shape.activations_mib, strict=True
             )
         ),
-        steps_ratio={config_key(c): assumed_steps_ratio(c) for c in CANDIDATES},
+        steps_ratio={config_key(c): assumed_steps_ratio(c) for c in CONFIGS},
     )
 
 
