@@ -4,6 +4,7 @@ suspended with a checkpoint, waits as `preempted`, and resumes where it stopped.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
@@ -12,7 +13,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, SimulatedDispatcher
 from scheduler.loop import SchedulerService
-from scheduler.snapshot import build_snapshot
+from scheduler.plan import Plan
+from scheduler.policies import get_policy
+from scheduler.sim.engine import EPOCH, ClusterShape, SimOptions, Simulator
+from scheduler.sim.trace import load_workload
+from scheduler.snapshot import ClusterSnapshot, build_snapshot
 from scheduler.states import JobState
 from tests.test_scheduler_loop import SETTINGS, T0, add_job, add_nodes, held_gpus, state
 
@@ -51,3 +56,47 @@ def test_a_shorter_job_preempts_and_the_preempted_one_resumes(
     assert state(factory, short) is JobState.SUCCEEDED
     assert state(factory, long) is JobState.RUNNING
     assert dispatcher.commands[-1] == Command("launch", long)
+
+
+def test_the_simulator_decides_what_the_real_loop_decides(
+    factory: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """The same jobs through the real loop (database, simulated dispatcher) and through
+    the simulator: the same jobs start and are suspended at the same times."""
+    # a: 2 GPUs x 30 iterations; b, c: 1 GPU x 10; d arrives at 2 s, 1 GPU x 5. Every job
+    # trains 10 iterations per second; rounds every second.
+    specs = [("a", 0, 2, 30), ("b", 0, 1, 10), ("c", 0, 1, 10), ("d", 2, 1, 5)]
+
+    add_nodes(factory, {"n": 2})
+    dispatcher = SimulatedDispatcher(iterations_per_second=10)
+    loop = SchedulerService(factory, dispatcher, SETTINGS, "srtf")
+    real: dict[int, tuple[list[int], list[int]]] = {}
+    for second in range(6):
+        for _, submit_at, workers, iterations in specs:
+            if submit_at == second:
+                add_job(factory, workers, max_iterations=iterations)
+        result = loop.run_round(T0 + timedelta(seconds=second))
+        started = sorted(d.job_id for d in result.decisions if d.kind == "lease" and d.job_id)
+        suspended = sorted(d.job_id for d in result.decisions if d.kind == "suspend" and d.job_id)
+        if started or suspended:
+            real[second] = (started, suspended)
+
+    rows = "".join(f"{n},{t},{w},{i},0.1\n" for n, t, w, i in specs)
+    path = tmp_path / "jobs.csv"
+    path.write_text("name,submit_seconds,workers,iterations,step_seconds\n" + rows)
+    simulated: dict[int, tuple[list[int], list[int]]] = {}
+    srtf = get_policy("srtf")
+
+    def recording(snapshot: ClusterSnapshot) -> Plan:
+        plan = srtf(snapshot)
+        if plan.start or plan.suspend:
+            second = round((snapshot.now - EPOCH).total_seconds())
+            simulated[second] = (sorted(p.job_id for p in plan.start), sorted(plan.suspend))
+        return plan
+
+    options = SimOptions(round_seconds=1.0, restart_seconds=0.0)
+    Simulator(load_workload(path).jobs, ClusterShape.parse("1x2"), recording, options=options).run()
+
+    # b and c first (shortest), then a; d preempts a at 2 s, a resumes at 3 s.
+    assert real == {0: ([2, 3], []), 1: ([1], []), 2: ([4], [1]), 3: ([1], [])}
+    assert simulated == real
