@@ -151,6 +151,9 @@ def simulate(
         spb_profiles=measured,
     )
     _report_skipped(workloads)
+    for load in workloads:
+        if not load.jobs:
+            raise _bad(f"{load.name}: no job to simulate ({len(load.skipped)} row(s) skipped)")
     results: list[SimResult] = []
     rows: list[dict[str, Any]] = []
     with Progress(

@@ -155,6 +155,7 @@ def test_cli_compares_policies_as_json_and_writes_plots(tmp_path: Path) -> None:
         (["--cluster", "16by4"], "cluster shape must look like 16x4"),
         (["--policy", "lottery"], "unknown policy 'lottery'"),
         (["--workload", "/nonexistent.csv"], "no such file or directory"),
+        (["--spb-profiles", "/nonexistent"], "not a directory of SPB profiles"),
     ],
 )
 def test_cli_bad_input_is_a_message_not_a_traceback(
@@ -167,6 +168,19 @@ def test_cli_bad_input_is_a_message_not_a_traceback(
     )
     assert result.returncode == 2
     assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_reports_rows_it_could_not_read_and_refuses_an_empty_workload(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "name,time,application,num_replicas,batch_size\nx,0,cifar10,1,128\n")
+    result = subprocess.run(
+        [*JIGSAW, "simulate", "--workload", str(path), "--apps", str(tmp_path / "none")],
+        env=clean_env(tmp_path), capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "line 2" in result.stderr and "no job to simulate (1 row(s) skipped)" in result.stderr
     assert "Traceback" not in result.stderr
 
 

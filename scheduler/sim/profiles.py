@@ -101,6 +101,8 @@ def family_of(workload: str) -> str:
 
 def load_profiles(directory: Path) -> dict[str, SPBProfile]:
     """Every `*.json` SPB profile in `directory`, by its `workload` name."""
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: not a directory of SPB profiles")
     profiles = {}
     for path in sorted(directory.glob("*.json")):
         try:
