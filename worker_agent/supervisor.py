@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scheduler.jobspec import JobSpec
+from scheduler.jobspec import JobSpec, SPBConfig
 from worker_agent.gpus import GpuSlot
 from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.runtime.config import WorkerConfig
@@ -182,11 +182,17 @@ class Supervisor:
                 return
             try:
                 configs = self._worker_configs(command)
-                config = json_object(command.spb_json or "{}", "spb_json")
-            except ValueError as exc:  # a LaunchError, or spb_json that is no JSON object
+            except LaunchError as exc:
                 self._fail_before_start(command.job_id, str(exc))
                 return
-            job = _Job(command.job_id, command.start_iteration, command.config_version, config)
+            # Every rank starts from the launch's SPB configuration; reconfigurations
+            # with newer versions follow at boundaries.
+            job = _Job(
+                command.job_id,
+                command.start_iteration,
+                command.config_version,
+                dict(configs[0].spb),
+            )
             self._jobs[job.job_id] = job
             self._spawn(job, configs, {a.rank: a.gpu_index for a in command.ranks})
 
@@ -320,6 +326,11 @@ class Supervisor:
         if taken:
             raise LaunchError(f"GPUs busy with other jobs (GPU index: job id): {taken}")
         try:
+            spb_launch = json_object(command.spb_json or "{}", "spb_json")
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from exc
+        spb_stages = spec.spb.stages if isinstance(spec.spb, SPBConfig) else None
+        try:
             return [
                 WorkerConfig(
                     job_id=command.job_id,
@@ -338,6 +349,9 @@ class Supervisor:
                     checkpoint_every=command.checkpoint_every or None,
                     data_dir=self._work_dir / "data",
                     torch_threads=self._torch_threads,
+                    spb_enabled=spec.spb != "off",
+                    spb=spb_launch,
+                    spb_stages=spb_stages,
                 )
                 for assignment in command.ranks
             ]
