@@ -29,6 +29,16 @@ _TRIAL_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
+def checked_workload(value: str) -> str:
+    """`value` if it names a built-in workload or a `package.module:Class` trial."""
+    if value in BUILTIN_WORKLOADS or _TRIAL_REF.match(value):
+        return value
+    raise ValueError(
+        f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
+        "or 'package.module:TrialClass'"
+    )
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -45,6 +55,9 @@ class TargetMetric(StrictModel):
     mode: Literal["max", "min"] = Field(
         default="max", description="Whether larger (`max`) or smaller (`min`) is better."
     )
+
+    def reached_by(self, value: float) -> bool:
+        return value >= self.value if self.mode == "max" else value <= self.value
 
 
 class SPBConfig(StrictModel):
@@ -106,12 +119,7 @@ class JobSpec(StrictModel):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, value: str) -> str:
-        if value in BUILTIN_WORKLOADS or _TRIAL_REF.match(value):
-            return value
-        raise ValueError(
-            f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
-            "or 'package.module:TrialClass'"
-        )
+        return checked_workload(value)
 
     @model_validator(mode="after")
     def _has_stopping_rule(self) -> JobSpec:

@@ -179,8 +179,12 @@ def job_cost(
     activations = []
     for depth in depths:
         trained = profile.stages[stages - depth :]
+        # Backward stops at the cut: the lowest trained stage's input needs no gradient,
+        # so its input-gradient (dX) part is never computed.
         compute.append(
-            forward + sum(s.backward_input_seconds + s.backward_weight_seconds for s in trained)
+            forward
+            + sum(s.backward_weight_seconds for s in trained)
+            + sum(s.backward_input_seconds for s in trained[1:])
         )
         activations.append(sum(s.activation_bytes for s in trained))
     bytes_exchanged = sum(

@@ -3,7 +3,6 @@ gang of real gloo workers in spawned processes."""
 
 from __future__ import annotations
 
-import io
 import random
 import traceback
 from typing import Any
@@ -129,52 +128,3 @@ def _gang_member(
         results.put((config.rank, traceback.format_exc()))
         raise
     results.put((config.rank, controller))
-
-
-def spawn_ranks(target: Any, world_size: int, *args: Any) -> list[Any]:
-    """Run `target(rank, world_size, *args)` in one spawned process per rank, inside an
-    initialized gloo group of `world_size` (one torch thread each); return what each
-    rank's call returned, by rank."""
-    port = free_port()
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    processes = [
-        context.Process(target=_rank_member, args=(target, rank, world_size, port, args, results))
-        for rank in range(world_size)
-    ]
-    for process in processes:
-        process.start()
-    try:
-        returned: dict[int, Any] = {}
-        for _ in processes:
-            rank, ok, value = results.get(timeout=_GANG_TIMEOUT_SECONDS)
-            if not ok:
-                raise AssertionError(f"rank {rank} failed:\n{value}")
-            returned[rank] = torch.load(io.BytesIO(value), weights_only=False)
-    finally:
-        for process in processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-    return [returned[rank] for rank in range(world_size)]
-
-
-def _rank_member(
-    target: Any, rank: int, world_size: int, port: int, args: tuple[Any, ...], results: Any
-) -> None:
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
-    )
-    try:
-        value = target(rank, world_size, *args)
-    except BaseException:
-        results.put((rank, False, traceback.format_exc()))
-        raise
-    finally:
-        torch.distributed.destroy_process_group()
-    # As bytes: a tensor put on the queue as such lives in shared memory that this
-    # process takes with it when it exits.
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    results.put((rank, True, buffer.getvalue()))

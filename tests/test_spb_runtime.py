@@ -17,9 +17,10 @@ from torch import nn
 
 from scheduler import spb
 from scheduler.jobspec import BUILTIN_PARAMETER_LAYERS, Hyperparameters, SPBConfig
-from tests.runtime_helpers import run_gang, spawn_ranks, worker_configs
+from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.control import LocalController
+from worker_agent.runtime.gang import run_local_gang
 from worker_agent.runtime.protocol import Outcome
 from worker_agent.runtime.spb import stages as stage_cuts
 from worker_agent.runtime.spb.memory import SavedActivations, forward_peak_bytes
@@ -190,7 +191,7 @@ def test_each_stage_gets_its_contributors_mean_and_replicas_stay_identical(
     # Rotating every step: the contributor sets (and their process groups) change.
     config = {"full_fraction": 0.5, "partial_depth": 0.34, "rotation_period": 1}
     steps = 3
-    ranks = spawn_ranks(_train_partially, world_size, config, steps)
+    ranks = run_local_gang(_train_partially, world_size, config, steps)
     for step in range(steps):
         depths, before, _, _, _ = ranks[0][step]
         assert sorted(set(depths)) == [1, 3]  # some ranks partial, some full

@@ -232,7 +232,7 @@ class _Training:
         start = self._clock.mark()
         if self._partial is not None:
             self._partial.begin(self.iteration)
-        batch = _to_device(self._batches.next(), self._device)
+        batch = to_device(self._batches.next(), self._device)
         self._optimizer.zero_grad()
         loss = self._trial.loss(self._model, batch)
         if agreeing:
@@ -295,8 +295,7 @@ class _Training:
                 f"target metric {target.name!r} is not among the evaluated metrics "
                 f"{sorted(self._metrics)}"
             )
-        value = self._metrics[target.name]
-        return value >= target.value if target.mode == "max" else value <= target.value
+        return target.reached_by(self._metrics[target.name])
 
     def _finish(self, outcome: Outcome) -> ExitStatus:
         if self._rank0:
@@ -326,11 +325,11 @@ class _Training:
         logger.info(message)
 
 
-def _to_device(batch: Any, device: torch.device) -> Any:
+def to_device(batch: Any, device: torch.device) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, list | tuple):
-        return type(batch)(_to_device(item, device) for item in batch)
+        return type(batch)(to_device(item, device) for item in batch)
     if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
+        return {key: to_device(value, device) for key, value in batch.items()}
     return batch

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from worker_agent.runtime.spb.stages import Stages
+from worker_agent.runtime.spb.tracking import RunningStage
 
 
 class SavedActivations:
@@ -37,44 +37,28 @@ class SavedActivations:
     """
 
     def __init__(self, stages: Stages, model: nn.Module) -> None:
-        self._stages = stages
+        self._running = RunningStage(stages)
         self._parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self._seen: set[int] = set()
-        self._running: list[int] = []
-        self._handles: list[RemovableHandle] = []
         self._saving: Any = None
         self.bytes: defaultdict[int | None, int] = defaultdict(int)
 
     def __enter__(self) -> SavedActivations:
-        for stage, module in enumerate(self._stages.modules):
-            for sub in module.modules():
-                self._handles.append(sub.register_forward_pre_hook(self._entered(stage)))
-                self._handles.append(sub.register_forward_hook(self._left))
+        self._running.__enter__()
         self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._saving.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._saving.__exit__(*exc)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def _entered(self, stage: int) -> Callable[[nn.Module, Any], None]:
-        def hook(module: nn.Module, args: Any) -> None:
-            self._running.append(stage)
-
-        return hook
-
-    def _left(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._running.pop()
+        self._running.__exit__(*exc)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         pointer = storage.data_ptr()
         if pointer not in self._parameters and pointer not in self._seen:
             self._seen.add(pointer)
-            self.bytes[self._running[-1] if self._running else None] += storage.nbytes()
+            self.bytes[self._running.current] += storage.nbytes()
         return tensor
 
 
@@ -111,7 +95,7 @@ def _mallinfo2() -> Callable[[], _MallInfo2] | None:
     if function is None:
         return None
     function.restype = _MallInfo2
-    return function  # type: ignore[no-any-return]
+    return function
 
 
 def heap_in_use_bytes() -> int | None:
