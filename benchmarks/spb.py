@@ -3,8 +3,8 @@
 Part 1, per-iteration costs: one gang of `--workers` gloo processes per workload runs
 DDP (the baseline) and the SPB configurations in interleaved rounds, each rank on its
 own fixed batch (the global batch over the workers). Per configuration and rank:
-  * compute: forward + backward with no exchange (DDP under `no_sync`), timed alone,
-    so that communication threads do not count as compute;
+  * compute: forward + backward with no exchange (DDP under `no_sync`), one rank at a
+    time, so that neither communication nor the other ranks count as compute;
   * peak memory: parameter, gradient and optimizer-state bytes plus what is in use at
     the end of forward, when saved activations peak (glibc's heap on CPU, the CUDA
     allocator on a GPU; `spb.memory.forward_peak_bytes`);
@@ -127,18 +127,22 @@ def _measure_config(
         return trained.no_sync() if isinstance(trained, DistributedDataParallel) else nullcontext()
 
     forwards, backwards = [], []
-    for _ in range(6):  # the fastest of five passes after a warm-up: others only add time
-        optimizer.zero_grad()
-        with local():
-            start = time.perf_counter()
-            value = loss()
-            middle = time.perf_counter()
-            value.backward()
-            end = time.perf_counter()
-        forwards.append(middle - start)
-        backwards.append(end - middle)
+    # One rank at a time, so that no rank's compute competes with another's for the
+    # cores; the fastest of five passes after a warm-up (other work only adds time).
+    for turn in range(world_size):
+        if turn == rank:
+            for _ in range(6):
+                optimizer.zero_grad()
+                with local():
+                    start = time.perf_counter()
+                    value = loss()
+                    middle = time.perf_counter()
+                    value.backward()
+                    end = time.perf_counter()
+                forwards.append(middle - start)
+                backwards.append(end - middle)
+        dist.barrier()
     forward_seconds, backward_seconds = min(forwards[1:]), min(backwards[1:])
-    dist.barrier()
     optimizer.zero_grad(set_to_none=True)
     with local():
         activations = forward_peak_bytes(loss, _CPU)

@@ -75,6 +75,9 @@ def metric_rows(records: Any) -> list[dict[str, Any]]:
         )
         if record.iteration < 1 or not all(math.isfinite(v) and v >= 0 for v in values):
             raise InvalidMessage(f"iteration record {record.iteration} has invalid values")
+        depth = record.spb_depth if record.HasField("spb_depth") else None
+        if depth is not None and not 0 < depth <= 1:
+            raise InvalidMessage(f"iteration record {record.iteration}: spb_depth {depth}")
         rows.append(
             {
                 "iteration": record.iteration,
@@ -87,6 +90,7 @@ def metric_rows(records: Any) -> list[dict[str, Any]]:
                 "utilization": record.utilization if record.HasField("utilization") else None,
                 "peak_memory_bytes": record.peak_memory_bytes,
                 "bytes_communicated": record.bytes_communicated,
+                "spb_depth": depth,
             }
         )
     return rows

@@ -269,6 +269,7 @@ class _Training:
             utilization=self._utilization.sample(),
             peak_memory_bytes=peak_memory_bytes(self._device),
             bytes_communicated=self._comm.bytes,
+            spb_depth=self._partial.depth_fraction if self._partial is not None else None,
         )
 
     def _evaluate(self) -> None:

@@ -94,6 +94,9 @@ class IterationRecord:
     utilization: float | None
     peak_memory_bytes: int
     bytes_communicated: int
+    # Mean backprop depth over the workers as a fraction of the stages (1 = full);
+    # None for a job that runs plain DDP.
+    spb_depth: float | None = None
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

@@ -93,7 +93,7 @@ class Heartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class IterationRecord(_message.Message):
-    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated")
+    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated", "spb_depth")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class IterationRecord(_message.Message):
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     BYTES_COMMUNICATED_FIELD_NUMBER: _ClassVar[int]
+    SPB_DEPTH_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     step_seconds: float
     compute_seconds: float
@@ -112,7 +113,8 @@ class IterationRecord(_message.Message):
     utilization: float
     peak_memory_bytes: int
     bytes_communicated: int
-    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ...) -> None: ...
+    spb_depth: float
+    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ...) -> None: ...
 
 class JobIterations(_message.Message):
     __slots__ = ("job_id", "records")
