@@ -821,7 +821,7 @@ def profile(
     # torch is imported only by the commands that train.
     import torch
 
-    from worker_agent.runtime.spb.profiler import measure_profile
+    from worker_agent.runtime.spb.efficiency import measure_profile
     from worker_agent.runtime.spb.stages import StageError
     from worker_agent.runtime.workloads import WorkloadError
 

@@ -14,8 +14,8 @@ own fixed batch (the global batch over the workers). Per configuration and rank:
 Ratios are to DDP: compute summed over workers, a partial worker's backward and peak
 memory (the lowest-depth rank), bytes summed over workers, iteration time.
 
-Part 2, time to target: the real runtime (`run_to_target`) trains digits-cnn to 0.9 test
-accuracy and the character transformer to a validation loss, from the same seed, under
+Part 2, time to target: the real runtime (`run_to_target`) trains digits-cnn to 0.96 test
+accuracy and the character transformer to validation loss 1.9, from the same seed, under
 full backprop and each configuration (and one with rotating roles); steps and rank 0's
 training seconds, as ratios to full backprop.
 
@@ -40,7 +40,7 @@ from benchmarks.harness import emit
 from scheduler import spb
 from scheduler.jobspec import Hyperparameters, SPBConfig, TargetMetric
 from worker_agent.runtime.gang import run_local_gang
-from worker_agent.runtime.loop import to_device
+from worker_agent.runtime.sampling import to_device
 from worker_agent.runtime.spb import stages as stage_cuts
 from worker_agent.runtime.spb.efficiency import run_to_target, steps_ratios
 from worker_agent.runtime.spb.memory import forward_peak_bytes
@@ -220,15 +220,16 @@ def _summary(ranks: list[dict[str, dict[str, float]]], name: str) -> dict[str, f
 # ------------------------------------------------------------------ part 2
 
 
+# Targets full backprop reaches in about 100 (digits) and 180 (characters) steps.
 TARGETS: dict[str, tuple[Hyperparameters, TargetMetric, int]] = {
     "digits-cnn": (
         Hyperparameters(batch_size=64, learning_rate=0.05),
-        TargetMetric(name="accuracy", value=0.9),
+        TargetMetric(name="accuracy", value=0.96),
         600,
     ),
     "text-transformer": (
         Hyperparameters(batch_size=64, learning_rate=0.003, optimizer="adam"),
-        TargetMetric(name="loss", value=2.5, mode="min"),
+        TargetMetric(name="loss", value=1.9, mode="min"),
         800,
     ),
 }

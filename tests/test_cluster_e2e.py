@@ -100,6 +100,9 @@ def test_three_jobs_train_to_success_across_two_agents(
                 # The launch's SPB configuration reached the workers: depths 2 and 1 of 2.
                 depths = {p["spb_depth"] for p in series}
                 assert depths == ({0.75} if job_id == cnn else {None}), (job_id, depths)
+            # The SPB job measured its model before training: its profile is stored.
+            (profile,) = client.profiles()["items"]
+            assert (profile["workload"], profile["key"]) == ("digits-cnn", "virtual-cpu/batch-32")
             lines = [line["message"] for line in client.logs(spanning)["items"]]
             assert any("succeeded at iteration 40" in line for line in lines), lines
 

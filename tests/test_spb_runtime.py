@@ -238,15 +238,27 @@ def test_spb_at_full_depth_matches_ddp(world_size: int, tmp_path: Path) -> None:
     finals = []
     for name, spb_fields in (
         ("ddp", {}),
-        ("spb", {"spb_enabled": True, "spb": {"full_fraction": 1.0, "partial_depth": 0.5}}),
+        (
+            "spb",
+            # Profiling first (on a copy) must leave the trajectory as it was.
+            {
+                "spb_enabled": True,
+                "spb": {"full_fraction": 1.0, "partial_depth": 0.5},
+                "profile": True,
+            },
+        ),
     ):
         directory = tmp_path / name
-        run_gang(
+        controllers = run_gang(
             worker_configs(
                 world_size, max_iterations=6, checkpoint_dir=directory, **_LOOP_FIELDS, **spb_fields
             )
         )
         finals.append(_final_parameters(directory))
+    # Rank 0 alone measured the model and reported its profile.
+    (profile,) = controllers[0].profiles
+    assert profile["workload"] == "digits-cnn" and len(profile["stages"]) == 2
+    assert all(not c.profiles for c in controllers[1:])
     ddp, partial = finals
     assert ddp.keys() == partial.keys()
     for key in ddp:

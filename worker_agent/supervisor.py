@@ -55,7 +55,13 @@ from worker_agent.runtime.protocol import (
 
 logger = logging.getLogger(__name__)
 
-Outbound = agent_pb2.JobIterations | agent_pb2.Evaluation | agent_pb2.LogTail | agent_pb2.JobExit
+Outbound = (
+    agent_pb2.JobIterations
+    | agent_pb2.Evaluation
+    | agent_pb2.LogTail
+    | agent_pb2.JobExit
+    | agent_pb2.ModelProfileReport
+)
 
 _AUTHKEY_ENV = "JIGSAW_WORKER_AUTHKEY"
 # The agent's own settings (the cluster token among them) must not reach user code.
@@ -350,6 +356,8 @@ class Supervisor:
                     data_dir=self._work_dir / "data",
                     torch_threads=self._torch_threads,
                     spb_enabled=spec.spb != "off",
+                    # A fresh SPB job measures its model for the scheduler's pricing.
+                    profile=spec.spb != "off" and command.start_iteration == 0,
                     spb=spb_launch,
                     spb_stages=spb_stages,
                 )
@@ -692,6 +700,15 @@ class Supervisor:
             self.outbound.put(
                 agent_pb2.Evaluation(
                     job_id=job.job_id, iteration=message["iteration"], metrics=metrics
+                )
+            )
+        elif kind == "profile":
+            self.outbound.put(
+                agent_pb2.ModelProfileReport(
+                    job_id=job.job_id,
+                    workload=str(message["workload"]),
+                    device_kind=self._slots[rank.gpu_index].kind,
+                    profile_json=json.dumps(message["profile"]),
                 )
             )
         elif kind == "exit":

@@ -60,6 +60,11 @@ class WorkerConfig(BaseModel):
     spb_stages: int | None = Field(
         default=None, ge=1, description="Cut the model into this many stages (else the trial's)."
     )
+    profile: bool = Field(
+        default=False,
+        description="Rank 0 measures the model's per-stage costs before the first iteration "
+        "and reports them as the workload's model profile.",
+    )
     report_every_iterations: int = Field(default=10, ge=1)
     report_every_seconds: float = Field(default=1.0, gt=0)
     collective_timeout_seconds: float = Field(

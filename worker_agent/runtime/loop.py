@@ -10,6 +10,7 @@ contributors (`spb.partial`) instead of DDP's all-reduce of everything.
 
 from __future__ import annotations
 
+import copy
 import logging
 import traceback
 from datetime import timedelta
@@ -27,9 +28,10 @@ from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
 from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
 from worker_agent.runtime.reporting import ReportBuffer
-from worker_agent.runtime.sampling import DataPosition, ShardedBatches
+from worker_agent.runtime.sampling import DataPosition, ShardedBatches, to_device
 from worker_agent.runtime.spb import stages
 from worker_agent.runtime.spb.partial import PartialBackprop
+from worker_agent.runtime.spb.profiler import profile_model
 from worker_agent.runtime.timing import (
     CommMeter,
     DeviceClock,
@@ -44,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 # Enough of a traceback to diagnose a failure from the job's events.
 _ERROR_TAIL_CHARS = 4000
+# Timed passes per figure when a job profiles its model: a few seconds at start.
+_PROFILE_REPEATS = 3
 
 
 def run_worker(config: WorkerConfig, controller: Controller) -> ExitStatus:
@@ -166,6 +170,8 @@ class _Training:
             self._announce(f"resumed from the checkpoint at iteration {self.iteration}")
 
     def run(self) -> ExitStatus:
+        if self._config.profile and self._rank0 and self.iteration == 0:
+            self._profile()  # the peers wait for it at the first agreement
         # The first boundary of this process has no step to hide its agreement behind.
         agreed = self._agree_now(self._check(self.iteration))
         while True:
@@ -197,6 +203,24 @@ class _Training:
         self._announce(
             f"configuration version {version} applied: spb {spb.config_key(self._partial.config)}"
         )
+
+    def _profile(self) -> None:
+        """Measure the model's per-stage costs on a copy (so that training, its RNG streams
+        and BatchNorm statistics included, goes on as if it had not happened) and report
+        them as the workload's model profile."""
+        state = rng.capture()
+        try:
+            profile = profile_model(
+                self._config.workload,
+                self._trial,
+                copy.deepcopy(self._net),
+                stages=self._config.spb_stages,
+                repeats=_PROFILE_REPEATS,
+            )
+        finally:
+            rng.restore(state)
+        self._controller.profile(self._config.workload, profile.to_json())
+        self._announce(f"measured the model: {len(profile.stages)} stages")
 
     def _check(self, boundary: int) -> Decision | None:
         if not self._rank0:
@@ -324,13 +348,3 @@ class _Training:
     def _announce(self, message: str) -> None:
         # The agent forwards the worker's stderr, so a log line is all it takes.
         logger.info(message)
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, list | tuple):
-        return type(batch)(to_device(item, device) for item in batch)
-    if isinstance(batch, dict):
-        return {key: to_device(value, device) for key, value in batch.items()}
-    return batch

@@ -15,6 +15,7 @@ worker -> agent
     {"type": "check", "iteration": int}                      rank 0 only; agent replies
     {"type": "report", "records": [IterationRecord as dict, ...]}          rank 0 only
     {"type": "evaluation", "iteration": int, "metrics": {str: float}}      rank 0 only
+    {"type": "profile", "workload": str, "profile": SPBProfile as JSON}   rank 0, at most once
     {"type": "exit", "status": Outcome value, "iteration": int,
      "error_tail": str | None}                                         last, once
 agent -> worker (only as the reply to "check")

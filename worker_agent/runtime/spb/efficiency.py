@@ -8,13 +8,16 @@ rank 0's training steps only, not process start-up or evaluations.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from scheduler import spb
 from scheduler.jobspec import Hyperparameters, SPBConfig, TargetMetric
+from scheduler.spb import SPBProfile
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.gang import free_local_port, run_workers
 from worker_agent.runtime.protocol import Outcome
+from worker_agent.runtime.spb.profiler import profile_workload
 
 
 @dataclass(frozen=True)
@@ -82,3 +85,45 @@ def steps_ratios(runs: list[TargetRun]) -> dict[str, float]:
         for run in runs
         if run.config is not None and run.reached
     }
+
+
+# The structured family the profiler prices: fewer full workers and shallower partial
+# workers, from mild to aggressive.
+PRICED_CONFIGS = (
+    SPBConfig(full_fraction=0.75, partial_depth=0.5),
+    SPBConfig(full_fraction=0.5, partial_depth=0.25),
+    SPBConfig(full_fraction=0.25, partial_depth=0.25),
+)
+
+
+def measure_profile(
+    workload: str,
+    *,
+    workers: int,
+    hyperparameters: Hyperparameters,
+    stages: int | None,
+    repeats: int,
+    target: TargetMetric | None,
+    max_iterations: int,
+) -> SPBProfile:
+    """`profile_workload`, and with a `target` the steps ratio of each configuration in
+    `PRICED_CONFIGS` from real training runs (`run_to_target`)."""
+    costs = profile_workload(
+        workload, workers=workers, hyperparameters=hyperparameters, stages=stages, repeats=repeats
+    )
+    if target is None:
+        return costs
+    runs = [
+        run_to_target(
+            workload,
+            config,
+            workers=workers,
+            hyperparameters=hyperparameters,
+            target=target,
+            max_iterations=max_iterations,
+            eval_every=10,
+            stages=stages,
+        )
+        for config in (None, *PRICED_CONFIGS)
+    ]
+    return dataclasses.replace(costs, steps_ratio=steps_ratios(runs))

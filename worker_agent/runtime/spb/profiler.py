@@ -20,7 +20,6 @@ machine other work only ever adds time); differences below zero are clamped to z
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,11 +29,10 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from scheduler.jobspec import Hyperparameters, SPBConfig, TargetMetric
+from scheduler.jobspec import Hyperparameters
 from scheduler.spb import SPBProfile, StageProfile
-from worker_agent.runtime.loop import to_device
+from worker_agent.runtime.sampling import to_device
 from worker_agent.runtime.spb import stages as stage_cuts
-from worker_agent.runtime.spb.efficiency import run_to_target, steps_ratios
 from worker_agent.runtime.spb.memory import SavedActivations
 from worker_agent.runtime.spb.tracking import RunningStage
 from worker_agent.runtime.trial import Trial, TrialContext
@@ -59,15 +57,22 @@ def profile_workload(
     torch.manual_seed(seed)
     trial = load_trial(workload)(context)
     model = trial.build_model().to(device)
+    return profile_model(workload, trial, model, stages=stages, repeats=repeats)
+
+
+def profile_model(
+    workload: str, trial: Trial, model: nn.Module, *, stages: int | None, repeats: int
+) -> SPBProfile:
+    """Measure `model` (which the measurement trains: pass a copy of one that matters)
+    on one of the trial's per-worker batches."""
+    device = trial.context.device
     cut = stage_cuts.build(model, trial.stages(model), stages)
-    loader = DataLoader(trial.train_data(), batch_size=context.per_rank_batch_size, shuffle=True)
+    batch_size = trial.context.per_rank_batch_size
+    loader = DataLoader(trial.train_data(), batch_size=batch_size, shuffle=True)
     batch = to_device(next(iter(loader)), device)
     measure = _Measure(trial, model, cut, batch, device, repeats)
     return SPBProfile(
-        workload=workload,
-        per_worker_batch=context.per_rank_batch_size,
-        stages=measure.stages(),
-        steps_ratio={},
+        workload=workload, per_worker_batch=batch_size, stages=measure.stages(), steps_ratio={}
     )
 
 
@@ -185,45 +190,3 @@ def _leaf_input(module: nn.Module) -> Iterator[Callable[[], bool]]:
         yield lambda: done[0]
     finally:
         handle.remove()
-
-
-# The structured family the profiler prices: fewer full workers and shallower partial
-# workers, from mild to aggressive.
-PRICED_CONFIGS = (
-    SPBConfig(full_fraction=0.75, partial_depth=0.5),
-    SPBConfig(full_fraction=0.5, partial_depth=0.25),
-    SPBConfig(full_fraction=0.25, partial_depth=0.25),
-)
-
-
-def measure_profile(
-    workload: str,
-    *,
-    workers: int,
-    hyperparameters: Hyperparameters,
-    stages: int | None,
-    repeats: int,
-    target: TargetMetric | None,
-    max_iterations: int,
-) -> SPBProfile:
-    """`profile_workload`, and with a `target` the steps ratio of each configuration in
-    `PRICED_CONFIGS` from real training runs (`efficiency.run_to_target`)."""
-    costs = profile_workload(
-        workload, workers=workers, hyperparameters=hyperparameters, stages=stages, repeats=repeats
-    )
-    if target is None:
-        return costs
-    runs = [
-        run_to_target(
-            workload,
-            config,
-            workers=workers,
-            hyperparameters=hyperparameters,
-            target=target,
-            max_iterations=max_iterations,
-            eval_every=10,
-            stages=stages,
-        )
-        for config in (None, *PRICED_CONFIGS)
-    ]
-    return dataclasses.replace(costs, steps_ratio=steps_ratios(runs))

@@ -55,20 +55,22 @@ class RegisterResponse(_message.Message):
     def __init__(self, agent_id: _Optional[int] = ..., node_id: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "reports", "exit", "log", "evaluation")
+    __slots__ = ("hello", "heartbeat", "reports", "exit", "log", "evaluation", "profile")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     EXIT_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     reports: IterationReports
     exit: JobExit
     log: LogTail
     evaluation: Evaluation
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[IterationReports, _Mapping]] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ..., log: _Optional[_Union[LogTail, _Mapping]] = ..., evaluation: _Optional[_Union[Evaluation, _Mapping]] = ...) -> None: ...
+    profile: ModelProfileReport
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[IterationReports, _Mapping]] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ..., log: _Optional[_Union[LogTail, _Mapping]] = ..., evaluation: _Optional[_Union[Evaluation, _Mapping]] = ..., profile: _Optional[_Union[ModelProfileReport, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_name", "running", "exits")
@@ -181,6 +183,18 @@ class Evaluation(_message.Message):
     iteration: int
     metrics: _containers.ScalarMap[str, float]
     def __init__(self, job_id: _Optional[int] = ..., iteration: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ModelProfileReport(_message.Message):
+    __slots__ = ("job_id", "workload", "device_kind", "profile_json")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_JSON_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    workload: str
+    device_kind: str
+    profile_json: str
+    def __init__(self, job_id: _Optional[int] = ..., workload: _Optional[str] = ..., device_kind: _Optional[str] = ..., profile_json: _Optional[str] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
     __slots__ = ("launch", "stop", "suspend", "resume", "reconfigure")
