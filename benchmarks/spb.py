@@ -19,7 +19,8 @@ accuracy and the character transformer to validation loss 1.9, from the same see
 full backprop and each configuration (and one with rotating roles); steps and rank 0's
 training seconds, as ratios to full backprop.
 
-    python -m benchmarks.spb [--workers 4] [--rounds 3] [--iterations 10] [--no-target] [--json]
+    python -m benchmarks.spb [--workers 4] [--rounds 3] [--iterations 10] [--no-target]
+                             [--plot docs/spb-tradeoff.png] [--json]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import contextlib
 import statistics
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -276,18 +278,72 @@ def _target_rows(workers: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _plot(
+    iteration_rows: list[dict[str, Any]], target_rows: list[dict[str, Any]], path: Path
+) -> None:
+    """One panel per workload: each configuration's ratios to DDP, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    from matplotlib import pyplot
+
+    measures = [
+        ("compute_ratio", "compute (all workers)"),
+        ("partial_backward_ratio", "partial worker backward"),
+        ("partial_peak_memory_ratio", "partial worker peak memory"),
+        ("bytes_ratio", "bytes exchanged"),
+        ("iteration_time_ratio", "iteration time"),
+    ]
+    workloads = list(dict.fromkeys(row["workload"] for row in iteration_rows))
+    figure, axes = pyplot.subplots(
+        1, len(workloads) + 1, figsize=(6 * (len(workloads) + 1), 4.5), squeeze=False
+    )
+    for axis, workload in zip(axes[0], workloads, strict=False):
+        rows = [r for r in iteration_rows if r["workload"] == workload and r["config"] != "off"]
+        width = 0.8 / len(measures)
+        for index, (key, label) in enumerate(measures):
+            axis.bar(
+                [i + index * width for i in range(len(rows))],
+                [r[key] for r in rows],
+                width,
+                label=label,
+            )
+        axis.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+        axis.set_xticklabels([r["config"] for r in rows])
+        axis.axhline(1.0, color="black", linewidth=0.8)
+        axis.set_title(f"{workload}: ratio to DDP")
+        axis.set_xlabel("full fraction / partial depth")
+    axes[0][0].legend(fontsize=8)
+    axis = axes[0][-1]
+    for workload in dict.fromkeys(row["workload"] for row in target_rows):
+        rows = [r for r in target_rows if r["workload"] == workload and r["steps_ratio"]]
+        axis.plot(
+            [r["config"] for r in rows], [r["steps_ratio"] for r in rows], "o-", label=workload
+        )
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_title("steps to target: ratio to full backprop")
+    axis.tick_params(axis="x", labelrotation=20)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per config")
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations a round")
     parser.add_argument("--no-target", action="store_true", help="skip the time-to-target part")
+    parser.add_argument("--plot", type=Path, help="also draw the trade-off into this PNG")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = _iteration_rows(args.workers, args.rounds, args.iterations)
     emit(rows, f"SPB vs DDP per iteration, {args.workers} gloo workers on CPU", args.json)
-    if not args.no_target:
-        emit(_target_rows(args.workers), "Time to target vs full backprop", args.json)
+    targets = [] if args.no_target else _target_rows(args.workers)
+    if targets:
+        emit(targets, "Time to target vs full backprop", args.json)
+    if args.plot is not None:
+        _plot(rows, targets, args.plot)
 
 
 if __name__ == "__main__":
