@@ -3,8 +3,8 @@
 Part 1, per-iteration costs: one gang of `--workers` gloo processes per workload runs
 DDP (the baseline) and the SPB configurations in interleaved rounds, each rank on its
 own fixed batch (the global batch over the workers). Per configuration and rank:
-  * compute: forward + backward with no exchange (DDP under `no_sync`), one rank at a
-    time, so that neither communication nor the other ranks count as compute;
+  * compute: forward + backward of the bare model (no exchange), one rank at a time,
+    so that neither communication nor the other ranks count as compute;
   * peak memory: parameter, gradient and optimizer-state bytes plus what is in use at
     the end of forward, when saved activations peak (glibc's heap on CPU, the CUDA
     allocator on a GPU; `spb.memory.forward_peak_bytes`);
@@ -26,10 +26,8 @@ training seconds, as ratios to full backprop.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -124,30 +122,29 @@ def _measure_config(
     def loss() -> torch.Tensor:
         return trial.loss(trained, batch)
 
-    def local() -> contextlib.AbstractContextManager[None]:
-        # DDP's forward and backward without its all-reduce: compute alone.
-        return trained.no_sync() if isinstance(trained, DistributedDataParallel) else nullcontext()
+    def local_loss() -> torch.Tensor:
+        # The bare model: DDP's forward would broadcast buffers, a collective.
+        return trial.loss(model, batch)
 
     forwards, backwards = [], []
-    # One rank at a time, so that no rank's compute competes with another's for the
-    # cores; the fastest of five passes after a warm-up (other work only adds time).
+    # Compute alone: one rank at a time, so that no rank's compute competes with
+    # another's for the cores, and no exchange; the fastest of five passes after a
+    # warm-up (other work only ever adds time).
     for turn in range(world_size):
         if turn == rank:
             for _ in range(6):
                 optimizer.zero_grad()
-                with local():
-                    start = time.perf_counter()
-                    value = loss()
-                    middle = time.perf_counter()
-                    value.backward()
-                    end = time.perf_counter()
+                start = time.perf_counter()
+                value = local_loss()
+                middle = time.perf_counter()
+                value.backward()
+                end = time.perf_counter()
                 forwards.append(middle - start)
                 backwards.append(end - middle)
         dist.barrier()
     forward_seconds, backward_seconds = min(forwards[1:]), min(backwards[1:])
     optimizer.zero_grad(set_to_none=True)
-    with local():
-        activations = forward_peak_bytes(loss, _CPU)
+    activations = forward_peak_bytes(local_loss, _CPU)
     optimizer.step()  # creates the optimizer state, so that it is counted
     static = sum(p.numel() * p.element_size() * 2 for p in model.parameters()) + sum(
         t.numel() * t.element_size()
@@ -191,7 +188,6 @@ def _iteration_rows(workers: int, rounds: int, iterations: int) -> list[dict[str
             this = _summary(ranks, name)
             rows.append(
                 {
-                    "case": f"{workload} {name}",
                     "workload": workload,
                     "config": "off" if name == "ddp" else name,
                     "compute_ratio": this["compute"] / base["compute"],
@@ -261,7 +257,6 @@ def _target_rows(workers: int) -> list[dict[str, Any]]:
         for name, run in runs.items():
             rows.append(
                 {
-                    "case": f"{workload} {name}",
                     "workload": workload,
                     "config": name,
                     "reached": run.reached,
