@@ -90,10 +90,13 @@ def contributors(depths: tuple[int, ...], stages: int) -> tuple[frozenset[int], 
 
 
 def config_key(config: SPBConfig | None) -> str:
-    """A stable short name of a configuration's shape, e.g. `off` or `0.5/0.25`."""
+    """A stable short name of a configuration's shape, e.g. `off`, `0.5/0.25`, or
+    `0.5/0.25/r10` with roles rotating every 10 iterations (which may price
+    differently)."""
     if config is None:
         return "off"
-    return f"{config.full_fraction:g}/{config.partial_depth:g}"
+    rotation = f"/r{config.rotation_period}" if config.rotation_period else ""
+    return f"{config.full_fraction:g}/{config.partial_depth:g}{rotation}"
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,8 @@ def test_cost_of_a_partial_configuration() -> None:
     unmeasured = SPBConfig(full_fraction=0.75, partial_depth=0.5)
     assert job_cost(_profile(), unmeasured, 4).steps_ratio is None
     assert config_key(unmeasured) == "0.75/0.5" and config_key(None) == "off"
+    rotating = SPBConfig(full_fraction=0.5, partial_depth=0.25, rotation_period=10)
+    assert config_key(rotating) == "0.5/0.25/r10"
 
 
 def test_profiles_round_trip_through_json() -> None:
