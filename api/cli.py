@@ -29,7 +29,7 @@ from rich.table import Table
 from api.client import ApiError, JigsawClient
 from api.credentials import resolve
 from api.simulate import simulate
-from scheduler.jobspec import JobSpec
+from scheduler.jobspec import Hyperparameters, JobSpec, TargetMetric, checked_workload
 from scheduler.settings import Settings
 from scheduler.states import JobState
 
@@ -768,6 +768,128 @@ def token_create(
                     session, scope=USER_SCOPE, user=owner, description=description[:200]
                 )
     typer.echo(token)
+
+
+# -- profile --------------------------------------------------------------------------
+
+_TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
+
+
+def _parse_target(text: str) -> TargetMetric:
+    match = _TARGET.match(text)
+    if match is None:
+        _fail(f"--target {text!r}: write NAME>=VALUE or NAME<=VALUE, e.g. accuracy>=0.9", 2)
+    name, operator, value = match.groups()
+    try:
+        return TargetMetric(
+            name=name, value=float(value), mode="max" if operator == ">=" else "min"
+        )
+    except (ValueError, ValidationError) as exc:
+        _fail(f"--target {text!r}: {exc}", 2)
+
+
+@app.command()
+def profile(
+    ctx: typer.Context,
+    workload: Annotated[str, typer.Argument(help="Built-in name or package.module:Class.")],
+    workers: Annotated[int, typer.Option(min=1, max=64, help="Data-parallel workers.")] = 4,
+    batch_size: Annotated[int, typer.Option(min=1, help="Global batch size.")] = 128,
+    stages: Annotated[
+        int | None, typer.Option(min=1, help="Cut into this many stages (default: the trial's).")
+    ] = None,
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Timed passes per figure.")] = 7,
+    threads: Annotated[int, typer.Option(min=1, help="torch threads (an agent slot's).")] = 1,
+    efficiency: Annotated[
+        bool,
+        typer.Option(help="Also train to --target under each SPB configuration (slow)."),
+    ] = False,
+    target: Annotated[
+        str, typer.Option(help="Target of the efficiency runs: NAME>=VALUE or NAME<=VALUE.")
+    ] = "accuracy>=0.9",
+    max_iterations: Annotated[int, typer.Option(min=1, help="Limit of each run.")] = 1000,
+    learning_rate: Annotated[float, typer.Option(help="Learning rate of the runs.")] = 0.05,
+    save: Annotated[bool, typer.Option(help="Store the profile through the API.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+) -> None:
+    """Measure a workload's per-stage costs (and SPB's statistical price) on this machine."""
+    try:
+        checked_workload(workload)
+        hyperparameters = Hyperparameters(batch_size=batch_size, learning_rate=learning_rate)
+    except (ValueError, ValidationError) as exc:
+        _fail(str(exc), 2)
+    if batch_size < workers:
+        _fail(f"--batch-size {batch_size} is smaller than --workers {workers}", 2)
+    goal = _parse_target(target) if efficiency else None
+    # torch is imported only by the commands that train.
+    import torch
+
+    from worker_agent.runtime.spb.efficiency import measure_profile
+    from worker_agent.runtime.spb.stages import StageError
+    from worker_agent.runtime.workloads import WorkloadError
+
+    torch.set_num_threads(threads)
+    try:
+        measured = measure_profile(
+            workload,
+            workers=workers,
+            hyperparameters=hyperparameters,
+            stages=stages,
+            repeats=repeats,
+            target=goal,
+            max_iterations=max_iterations,
+        )
+    except (StageError, WorkloadError) as exc:
+        _fail(str(exc), 2)
+    document = {**measured.to_json(), "device_kind": "cpu"}
+    if save:
+        with _api(ctx) as client:
+            client.put_profile(workload, {k: v for k, v in document.items() if k != "workload"})
+    if as_json:
+        _echo_json(document)
+        return
+    table = Table(title=f"{workload}: {workers} workers, {measured.per_worker_batch} per worker")
+    for column in ("STAGE", "FORWARD ms", "dX ms", "dW ms", "ACTIVATIONS KiB", "PARAMS KiB"):
+        table.add_column(column, justify="right")
+    for index, stage in enumerate(measured.stages):
+        table.add_row(
+            str(index),
+            f"{stage.forward_seconds * 1e3:.2f}",
+            f"{stage.backward_input_seconds * 1e3:.2f}",
+            f"{stage.backward_weight_seconds * 1e3:.2f}",
+            f"{stage.activation_bytes / 1024:,.0f}",
+            f"{stage.parameter_bytes / 1024:,.1f}",
+        )
+    out.print(table)
+    for key, ratio in measured.steps_ratio.items():
+        out.print(f"spb {key}: {ratio:.2f}x the steps of full backprop to {target}")
+    if save:
+        out.print("stored through the API")
+
+
+@app.command("profiles")
+def list_profiles(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profiles as JSON.")] = False,
+) -> None:
+    """Stored model profiles (`jigsaw profile --save` adds them)."""
+    with _api(ctx) as client:
+        page = client.profiles()
+    if as_json:
+        _echo_json(page)
+        return
+    table = Table(header_style="bold")
+    for column in ("WORKLOAD", "KEY", "STAGES", "PRICED", "MEASURED"):
+        table.add_column(column)
+    for item in page.get("items", []):
+        profile = item.get("profile") or {}
+        table.add_row(
+            escape(str(item.get("workload"))),
+            escape(str(item.get("key"))),
+            str(len(profile.get("stages", []))),
+            escape(", ".join(sorted(profile.get("steps_ratio", {}))) or "-"),
+            _when(item.get("created_at")),
+        )
+    out.print(table)
 
 
 # -- demo -----------------------------------------------------------------------------

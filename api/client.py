@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from tenacity import (
@@ -164,6 +165,12 @@ class JigsawClient:
 
     def cluster(self) -> dict[str, Any]:
         return self._get("/v1/cluster")
+
+    def profiles(self) -> dict[str, Any]:
+        return self._get("/v1/profiles")
+
+    def put_profile(self, workload: str, profile: Mapping[str, Any]) -> dict[str, Any]:
+        return self._request("PUT", f"/v1/profiles/{quote(workload, safe='')}", json=dict(profile))
 
     # -- plumbing -------------------------------------------------------------------
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from scheduler.orm import Allocation, Event, Job, JobLog, SchedulerRound
+from scheduler.orm import Allocation, Event, Job, JobLog, ModelProfile, SchedulerRound
 
 
 class JobOut(BaseModel):
@@ -252,3 +252,53 @@ class RoundOut(BaseModel):
 class RoundPage(BaseModel):
     items: list[RoundOut] = Field(description="Newest first.")
     next_before: int | None = Field(description="Pass as `before` for older rounds.")
+
+
+class StageProfileIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    forward_seconds: float = Field(ge=0, description="Forward time of the stage.")
+    backward_input_seconds: float = Field(ge=0, description="Input-gradient (dX) time.")
+    backward_weight_seconds: float = Field(ge=0, description="Weight-gradient (dW) time.")
+    activation_bytes: int = Field(ge=0, description="Bytes autograd saves for its backward.")
+    parameter_bytes: int = Field(ge=0, description="Bytes of its parameters.")
+
+
+class ProfileIn(BaseModel):
+    """A workload's per-stage costs (`jigsaw profile --save` sends one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_worker_batch: int = Field(ge=1, description="Batch size of one worker.")
+    stages: list[StageProfileIn] = Field(min_length=1, max_length=1024)
+    steps_ratio: dict[str, float] = Field(
+        default_factory=dict,
+        description="Steps to the target under each SPB configuration (`0.5/0.25`) over "
+        "the steps at full backprop.",
+    )
+    device_kind: str = Field(
+        default="cpu", min_length=1, max_length=100, description="What it was measured on."
+    )
+
+    @field_validator("steps_ratio")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {key: ratio for key, ratio in value.items() if not ratio > 0}
+        if bad:
+            raise ValueError(f"steps ratios must be positive, got {bad}")
+        return value
+
+
+class ProfileOut(BaseModel):
+    workload: str
+    key: str
+    created_at: datetime
+    profile: dict[str, Any] = Field(description="scheduler.spb.SPBProfile as JSON.")
+
+    @classmethod
+    def of(cls, row: ModelProfile) -> ProfileOut:
+        return cls(workload=row.workload, key=row.key, created_at=row.created_at, profile=row.data)
+
+
+class ProfilePage(BaseModel):
+    items: list[ProfileOut]

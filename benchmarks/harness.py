@@ -7,6 +7,7 @@ line for scripts.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,8 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def emit(rows: list[dict[str, Any]], title: str, as_json: bool) -> None:
-    console = Console()
+    # Wide enough for a table's columns when the output is a file, not a terminal.
+    console = Console(width=None if sys.stdout.isatty() else 200)
     if as_json:
         for row in rows:
             console.out(json.dumps(row), highlight=False)

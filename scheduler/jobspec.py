@@ -11,20 +11,32 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Built-in workloads the training runtime ships (see worker_agent/).
-BUILTIN_WORKLOADS: frozenset[str] = frozenset(
-    {
-        "digits-mlp",
-        "digits-cnn",
-        "text-transformer",
-        "resnet-synthetic",
-        "transformer-synthetic",
-    }
-)
+# Built-in workloads the training runtime ships (see worker_agent/), with the number of
+# layers that own parameters in each model: the most stages SPB can cut it into. Known
+# here, without torch, so that submission can refuse an impossible cut; a test checks
+# the numbers against the real models.
+BUILTIN_PARAMETER_LAYERS: dict[str, int] = {
+    "digits-mlp": 2,
+    "digits-cnn": 3,
+    "text-transformer": 16,
+    "resnet-synthetic": 19,
+    "transformer-synthetic": 16,
+}
+BUILTIN_WORKLOADS: frozenset[str] = frozenset(BUILTIN_PARAMETER_LAYERS)
 
 # `package.module:ClassName` of a user trial.
 _TRIAL_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def checked_workload(value: str) -> str:
+    """`value` if it names a built-in workload or a `package.module:Class` trial."""
+    if value in BUILTIN_WORKLOADS or _TRIAL_REF.match(value):
+        return value
+    raise ValueError(
+        f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
+        "or 'package.module:TrialClass'"
+    )
 
 
 class StrictModel(BaseModel):
@@ -44,6 +56,9 @@ class TargetMetric(StrictModel):
         default="max", description="Whether larger (`max`) or smaller (`min`) is better."
     )
 
+    def reached_by(self, value: float) -> bool:
+        return value >= self.value if self.mode == "max" else value <= self.value
+
 
 class SPBConfig(StrictModel):
     """A fixed structured partial backprop configuration."""
@@ -56,6 +71,13 @@ class SPBConfig(StrictModel):
     )
     rotation_period: int = Field(
         default=0, ge=0, description="Iterations between role rotations (0 = fixed roles)."
+    )
+    stages: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Cut the model into this many stages of about equal parameter count "
+        "(default: the stages the trial declares).",
     )
 
 
@@ -97,17 +119,22 @@ class JobSpec(StrictModel):
     @field_validator("workload")
     @classmethod
     def _known_workload(cls, value: str) -> str:
-        if value in BUILTIN_WORKLOADS or _TRIAL_REF.match(value):
-            return value
-        raise ValueError(
-            f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
-            "or 'package.module:TrialClass'"
-        )
+        return checked_workload(value)
 
     @model_validator(mode="after")
     def _has_stopping_rule(self) -> JobSpec:
         if self.max_iterations is None and self.target_metric is None:
             raise ValueError("set max_iterations, target_metric, or both: a job must end")
+        if (
+            isinstance(self.spb, SPBConfig)
+            and self.spb.stages is not None
+            and self.spb.stages > BUILTIN_PARAMETER_LAYERS.get(self.workload, self.spb.stages)
+        ):
+            raise ValueError(
+                f"spb.stages ({self.spb.stages}) is more than the "
+                f"{BUILTIN_PARAMETER_LAYERS[self.workload]} layers with parameters of "
+                f"{self.workload!r}: a stage needs at least one layer"
+            )
         if self.hyperparameters.batch_size < self.workers:
             raise ValueError(
                 f"hyperparameters.batch_size ({self.hyperparameters.batch_size}) is smaller "

@@ -212,6 +212,7 @@ class IterationMetric(Base):
     utilization: Mapped[float | None] = mapped_column(Float, default=None)
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     bytes_communicated: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    spb_depth: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class JobLog(Base):

@@ -90,10 +90,13 @@ def contributors(depths: tuple[int, ...], stages: int) -> tuple[frozenset[int], 
 
 
 def config_key(config: SPBConfig | None) -> str:
-    """A stable short name of a configuration's shape, e.g. `off` or `0.5/0.25`."""
+    """A stable short name of a configuration's shape, e.g. `off`, `0.5/0.25`, or
+    `0.5/0.25/r10` with roles rotating every 10 iterations (which may price
+    differently)."""
     if config is None:
         return "off"
-    return f"{config.full_fraction:g}/{config.partial_depth:g}"
+    rotation = f"/r{config.rotation_period}" if config.rotation_period else ""
+    return f"{config.full_fraction:g}/{config.partial_depth:g}{rotation}"
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,12 @@ def job_cost(
     activations = []
     for depth in depths:
         trained = profile.stages[stages - depth :]
+        # Backward stops at the cut: the lowest trained stage's input needs no gradient,
+        # so its input-gradient (dX) part is never computed.
         compute.append(
-            forward + sum(s.backward_input_seconds + s.backward_weight_seconds for s in trained)
+            forward
+            + sum(s.backward_weight_seconds for s in trained)
+            + sum(s.backward_input_seconds for s in trained[1:])
         )
         activations.append(sum(s.activation_bytes for s in trained))
     bytes_exchanged = sum(

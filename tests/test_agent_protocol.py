@@ -28,7 +28,7 @@ from scheduler.models.users import (
     Principal,
     get_or_create_user,
 )
-from scheduler.orm import GPU, IterationMetric, Job, JobLog, Node
+from scheduler.orm import GPU, IterationMetric, Job, JobLog, ModelProfile, Node
 from tests.agent_endpoint import CHECKPOINT_EVERY, Endpoint, agent_endpoint
 from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 
@@ -362,3 +362,42 @@ def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
         assert endpoint.dispatcher.active() == {}
     finally:
         stream.close()
+
+
+def _profile_report(job_id: int, **patch: object) -> pb.ModelProfileReport:
+    stage = {
+        "forward_seconds": 0.01,
+        "backward_input_seconds": 0.01,
+        "backward_weight_seconds": 0.02,
+        "activation_bytes": 1024,
+        "parameter_bytes": 256,
+    }
+    profile = {"workload": "digits-mlp", "per_worker_batch": 32, "stages": [stage, stage]}
+    profile.update(patch)
+    return pb.ModelProfileReport(
+        job_id=job_id,
+        workload="digits-mlp",
+        device_kind="virtual-cpu",
+        profile_json=json.dumps(profile),
+    )
+
+
+def test_profile_reports_are_stored_and_malformed_ones_refused(endpoint: Endpoint) -> None:
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    stream = Stream(endpoint, hello())
+    job_id, other_job = add_job(endpoint), add_job(endpoint)
+    _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
+    assert endpoint.dispatcher.launch(launch(endpoint, job_id))
+    stream.send(pb.AgentMessage(profile=_profile_report(other_job, per_worker_batch=99)))
+    stream.send(pb.AgentMessage(profile=_profile_report(job_id)))
+    _wait(lambda: endpoint.count(ModelProfile) == 1)
+    with endpoint.factory() as session:
+        stored = session.scalars(select(ModelProfile)).one()
+        # Not this agent's job: dropped; this one's stored under its batch and device.
+        assert (stored.workload, stored.key) == ("digits-mlp", "virtual-cpu/batch-32")
+        assert len(stored.data["stages"]) == 2
+    stream.send(pb.AgentMessage(profile=_profile_report(job_id, stages=[{"forward_seconds": -1}])))
+    error = stream.wait_closed()
+    assert error is not None and error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "profile of job" in str(error.details())
+    assert endpoint.count(ModelProfile) == 1

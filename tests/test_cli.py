@@ -327,3 +327,33 @@ def test_demo_trains_every_job_to_success_on_two_real_agents(tmp_path: Path) -> 
     assert "API on http://127.0.0.1:" in result.stdout
     server_log = (tmp_path / "demo" / "server.log").read_text()
     assert "Traceback" not in server_log, server_log[-3000:]
+
+
+def test_profile_measures_stores_and_refuses_bad_input(server: Server, tmp_path: Path) -> None:
+    result = cli(
+        server.home,
+        "profile",
+        "digits-cnn",
+        "--workers",
+        "2",
+        "--batch-size",
+        "32",
+        "--repeats",
+        "1",
+        "--save",
+        "--json",
+    )
+    profile = json.loads(result.stdout)
+    assert profile["per_worker_batch"] == 16 and len(profile["stages"]) == 2
+    assert all(stage["parameter_bytes"] > 0 for stage in profile["stages"])
+    (stored,) = json.loads(cli(server.home, "profiles", "--json").stdout)["items"]
+    assert stored["workload"] == "digits-cnn" and stored["profile"]["stages"] == profile["stages"]
+    for args, words in [
+        (["no-such-workload"], "unknown workload"),
+        (["digits-cnn", "--stages", "9"], "only 3 layers"),
+        (["digits-cnn", "--workers", "8", "--batch-size", "4"], "smaller than --workers"),
+        (["digits-cnn", "--efficiency", "--target", "accuracy=0.9"], "NAME>=VALUE"),
+    ]:
+        refused = cli(tmp_path, "profile", *args, check=False)
+        assert refused.returncode == 2 and words in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr

@@ -71,6 +71,8 @@ def test_three_jobs_train_to_success_across_two_agents(
                     "workers": 2,
                     "hyperparameters": {"batch_size": 64, "learning_rate": 0.05},
                     "max_iterations": 30,
+                    # Rank 1 trains only the top of the model's two stages.
+                    "spb": {"full_fraction": 0.5, "partial_depth": 0.5},
                 }
             )["id"]
             crash = client.submit(
@@ -95,6 +97,12 @@ def test_three_jobs_train_to_success_across_two_agents(
                 assert series and series[-1]["iteration"] == jobs[job_id]["iterations_done"]
                 assert all(p["loss"] is not None and p["step_seconds"] > 0 for p in series)
                 assert series[-1]["samples_per_second"] > 0
+                # The launch's SPB configuration reached the workers: depths 2 and 1 of 2.
+                depths = {p["spb_depth"] for p in series}
+                assert depths == ({0.75} if job_id == cnn else {None}), (job_id, depths)
+            # The SPB job measured its model before training: its profile is stored.
+            (profile,) = client.profiles()["items"]
+            assert (profile["workload"], profile["key"]) == ("digits-cnn", "virtual-cpu/batch-32")
             lines = [line["message"] for line in client.logs(spanning)["items"]]
             assert any("succeeded at iteration 40" in line for line in lines), lines
 

@@ -1,7 +1,7 @@
 """What the agent still has to tell the scheduler, kept across reconnections.
 
 Iteration records are batched across jobs (one `IterationReports` per flush). While the
-scheduler is unreachable, records, evaluations and log lines are buffered up to a bound
+scheduler is unreachable, records, evaluations, profiles and log lines are buffered up to a bound
 (the oldest are dropped and counted); job exits are never dropped. With
 `first_records_at_once` (what the agent uses) the first records of a job's run (since
 its last exit) are due at once rather than after the batching delay: the scheduler then
@@ -47,7 +47,9 @@ class Outbox:
         self._changed = threading.Condition()
         self._records: deque[tuple[int, agent_pb2.IterationRecord]] = deque()
         self._records_since: float | None = None  # when the oldest unsent record came
-        self._other: deque[agent_pb2.Evaluation | agent_pb2.LogTail] = deque()
+        self._other: deque[
+            agent_pb2.Evaluation | agent_pb2.LogTail | agent_pb2.ModelProfileReport
+        ] = deque()
         self._exits: deque[agent_pb2.JobExit] = deque()
         # Jobs whose run has sent records; its exit ends the run (a resume is a new run).
         self._reporting: set[int] = set()
@@ -89,6 +91,8 @@ class Outbox:
                     other = self._other.popleft()
                     if isinstance(other, agent_pb2.Evaluation):
                         return agent_pb2.AgentMessage(evaluation=other)
+                    if isinstance(other, agent_pb2.ModelProfileReport):
+                        return agent_pb2.AgentMessage(profile=other)
                     return agent_pb2.AgentMessage(log=other)
                 if self._exits:
                     return agent_pb2.AgentMessage(exit=self._exits.popleft())

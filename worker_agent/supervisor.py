@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scheduler.jobspec import JobSpec
+from scheduler.jobspec import JobSpec, SPBConfig
 from worker_agent.gpus import GpuSlot
 from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.runtime.config import WorkerConfig
@@ -55,7 +55,13 @@ from worker_agent.runtime.protocol import (
 
 logger = logging.getLogger(__name__)
 
-Outbound = agent_pb2.JobIterations | agent_pb2.Evaluation | agent_pb2.LogTail | agent_pb2.JobExit
+Outbound = (
+    agent_pb2.JobIterations
+    | agent_pb2.Evaluation
+    | agent_pb2.LogTail
+    | agent_pb2.JobExit
+    | agent_pb2.ModelProfileReport
+)
 
 _AUTHKEY_ENV = "JIGSAW_WORKER_AUTHKEY"
 # The agent's own settings (the cluster token among them) must not reach user code.
@@ -182,11 +188,17 @@ class Supervisor:
                 return
             try:
                 configs = self._worker_configs(command)
-                config = json_object(command.spb_json or "{}", "spb_json")
-            except ValueError as exc:  # a LaunchError, or spb_json that is no JSON object
+            except LaunchError as exc:
                 self._fail_before_start(command.job_id, str(exc))
                 return
-            job = _Job(command.job_id, command.start_iteration, command.config_version, config)
+            # Every rank starts from the launch's SPB configuration; reconfigurations
+            # with newer versions follow at boundaries.
+            job = _Job(
+                command.job_id,
+                command.start_iteration,
+                command.config_version,
+                dict(configs[0].spb),
+            )
             self._jobs[job.job_id] = job
             self._spawn(job, configs, {a.rank: a.gpu_index for a in command.ranks})
 
@@ -320,6 +332,11 @@ class Supervisor:
         if taken:
             raise LaunchError(f"GPUs busy with other jobs (GPU index: job id): {taken}")
         try:
+            spb_launch = json_object(command.spb_json or "{}", "spb_json")
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from exc
+        spb_stages = spec.spb.stages if isinstance(spec.spb, SPBConfig) else None
+        try:
             return [
                 WorkerConfig(
                     job_id=command.job_id,
@@ -338,6 +355,11 @@ class Supervisor:
                     checkpoint_every=command.checkpoint_every or None,
                     data_dir=self._work_dir / "data",
                     torch_threads=self._torch_threads,
+                    spb_enabled=spec.spb != "off",
+                    # A fresh SPB job measures its model for the scheduler's pricing.
+                    profile=spec.spb != "off" and command.start_iteration == 0,
+                    spb=spb_launch,
+                    spb_stages=spb_stages,
                 )
                 for assignment in command.ranks
             ]
@@ -678,6 +700,15 @@ class Supervisor:
             self.outbound.put(
                 agent_pb2.Evaluation(
                     job_id=job.job_id, iteration=message["iteration"], metrics=metrics
+                )
+            )
+        elif kind == "profile":
+            self.outbound.put(
+                agent_pb2.ModelProfileReport(
+                    job_id=job.job_id,
+                    workload=str(message["workload"]),
+                    device_kind=self._slots[rank.gpu_index].kind,
+                    profile_json=json.dumps(message["profile"]),
                 )
             )
         elif kind == "exit":

@@ -8,6 +8,7 @@ not given are dropped and counted, never written.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -23,8 +24,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.agents.dispatcher import AgentDispatcher, AgentSession
 from scheduler.agents.ingest import ReportWriter
 from scheduler.db import transaction
+from scheduler.jobspec import checked_workload
 from scheduler.models.agents import GpuSlot, register
+from scheduler.models.profiles import save_profile
 from scheduler.orm import Agent, Node
+from scheduler.spb import SPBProfile
 from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 
@@ -75,6 +79,9 @@ def metric_rows(records: Any) -> list[dict[str, Any]]:
         )
         if record.iteration < 1 or not all(math.isfinite(v) and v >= 0 for v in values):
             raise InvalidMessage(f"iteration record {record.iteration} has invalid values")
+        depth = record.spb_depth if record.HasField("spb_depth") else None
+        if depth is not None and not 0 < depth <= 1:
+            raise InvalidMessage(f"iteration record {record.iteration}: spb_depth {depth}")
         rows.append(
             {
                 "iteration": record.iteration,
@@ -87,9 +94,30 @@ def metric_rows(records: Any) -> list[dict[str, Any]]:
                 "utilization": record.utilization if record.HasField("utilization") else None,
                 "peak_memory_bytes": record.peak_memory_bytes,
                 "bytes_communicated": record.bytes_communicated,
+                "spb_depth": depth,
             }
         )
     return rows
+
+
+def model_profile(report: pb.ModelProfileReport) -> tuple[SPBProfile, str]:
+    """The profile a report carries, and the device kind it was measured on."""
+    try:
+        checked_workload(report.workload)
+        profile = SPBProfile.from_json(json.loads(report.profile_json))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidMessage(f"profile of job {report.job_id}: {exc}") from None
+    figures = [value for stage in profile.stages for value in vars(stage).values()]
+    if (
+        profile.workload != report.workload
+        or not profile.stages
+        or profile.per_worker_batch < 1
+        or not all(math.isfinite(v) and v >= 0 for v in figures)
+        or not all(math.isfinite(r) and r > 0 for r in profile.steps_ratio.values())
+        or not 0 < len(report.device_kind) <= 64
+    ):
+        raise InvalidMessage(f"profile of job {report.job_id} has invalid values")
+    return profile, report.device_kind
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
@@ -245,6 +273,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 self._writer.evaluation(evaluation.job_id, dict(evaluation.metrics))
             else:
                 DROPPED.labels("evaluation").inc()
+        elif kind == "profile":
+            if self._dispatcher.runs_on(session.node_name, message.profile.job_id):
+                profile, device_kind = model_profile(message.profile)
+                with transaction(self._factory) as db:
+                    save_profile(db, profile, device_kind)
+            else:
+                DROPPED.labels("profile").inc()
         elif kind == "hello":
             raise InvalidMessage("hello is only the first message of a stream")
         else:

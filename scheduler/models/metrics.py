@@ -18,6 +18,7 @@ SERIES_FIELDS = (
     "samples_per_second",
     "loss",
     "utilization",
+    "spb_depth",
 )
 
 
@@ -39,6 +40,7 @@ ROW_COLUMNS = (
     "utilization",
     "peak_memory_bytes",
     "bytes_communicated",
+    "spb_depth",
 )
 # What a row that leaves a column out gets (the rest default to NULL).
 _DEFAULTS = {"compute_seconds": 0.0, "comm_seconds": 0.0, "samples_per_second": 0.0}

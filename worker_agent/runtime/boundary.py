@@ -32,14 +32,17 @@ class Agreement:
 
 
 class BoundarySync:
-    def __init__(self, rank: int, world_size: int, device: torch.device) -> None:
+    def __init__(
+        self, rank: int, world_size: int, device: torch.device, config: dict[str, Any]
+    ) -> None:
+        """`config` is the launch's configuration, version 0 on every rank."""
         self._rank = rank
         self._world_size = world_size
         self._slots = torch.zeros(_SLOTS, dtype=torch.float64, device=device)
         self._work: dist.Work | None = None
         self._decision: Decision | None = None
         self._config_version = 0
-        self._config: dict[str, Any] = {}
+        self._config: dict[str, Any] = dict(config)
 
     def launch(self, decision: Decision | None, target_reached: bool) -> None:
         """Collective. `decision` and `target_reached` count on rank 0 only."""

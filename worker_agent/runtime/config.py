@@ -6,7 +6,7 @@ Imports no torch, so the agent can build and validate configurations cheaply.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -45,6 +45,25 @@ class WorkerConfig(BaseModel):
     data_dir: Path | None = Field(default=None, description="A cache for trials' data.")
     torch_threads: int | None = Field(
         default=None, ge=1, description="CPU threads of this slot (torch.set_num_threads)."
+    )
+    spb_enabled: bool = Field(
+        default=False,
+        description="Exchange gradients per stage among their contributors (structured "
+        "partial backprop) instead of DDP's all-reduce; set for jobs whose spec's spb is "
+        "not `off`, which the scheduler may reconfigure.",
+    )
+    spb: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The SPB configuration at launch (`{}`: every worker trains every "
+        "stage); later ones arrive at iteration boundaries.",
+    )
+    spb_stages: int | None = Field(
+        default=None, ge=1, description="Cut the model into this many stages (else the trial's)."
+    )
+    profile: bool = Field(
+        default=False,
+        description="Rank 0 measures the model's per-stage costs before the first iteration "
+        "and reports them as the workload's model profile.",
     )
     report_every_iterations: int = Field(default=10, ge=1)
     report_every_seconds: float = Field(default=1.0, gt=0)

@@ -29,6 +29,10 @@ class Controller(Protocol):
 
     def evaluation(self, iteration: int, metrics: dict[str, float]) -> None: ...
 
+    def profile(self, workload: str, profile: dict[str, Any]) -> None:
+        """The model's per-stage costs (`scheduler.spb.SPBProfile` as JSON)."""
+        ...
+
     def exit(self, status: ExitStatus) -> None: ...
 
 
@@ -46,6 +50,7 @@ class LocalController:
     checks: list[int] = field(default_factory=list)
     records: list[IterationRecord] = field(default_factory=list)
     evaluations: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    profiles: list[dict[str, Any]] = field(default_factory=list)
     status: ExitStatus | None = None
     _config_version: int = 0
     _config: dict[str, Any] = field(default_factory=dict)
@@ -67,6 +72,9 @@ class LocalController:
 
     def evaluation(self, iteration: int, metrics: dict[str, float]) -> None:
         self.evaluations.append((iteration, metrics))
+
+    def profile(self, workload: str, profile: dict[str, Any]) -> None:
+        self.profiles.append(profile)
 
     def exit(self, status: ExitStatus) -> None:
         self.status = status
@@ -99,6 +107,9 @@ class ConnectionController:
 
     def evaluation(self, iteration: int, metrics: dict[str, float]) -> None:
         self._connection.send({"type": "evaluation", "iteration": iteration, "metrics": metrics})
+
+    def profile(self, workload: str, profile: dict[str, Any]) -> None:
+        self._connection.send({"type": "profile", "workload": workload, "profile": profile})
 
     def exit(self, status: ExitStatus) -> None:
         try:

@@ -2,11 +2,15 @@
 
 Every iteration starts at a boundary where rank 0 consults its controller and all ranks
 agree on what to do (`boundary`), so that suspending, stopping or reconfiguring happens
-at the same iteration everywhere. Data parallelism is PyTorch's DDP in its standard mode.
+at the same iteration everywhere. Data parallelism is PyTorch's DDP in its standard mode,
+except for jobs that may run structured partial backprop (spec `spb` not `off`): their
+ranks train only the stages above their cut and exchange each stage's gradient among its
+contributors (`spb.partial`) instead of DDP's all-reduce of everything.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import traceback
 from datetime import timedelta
@@ -14,15 +18,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from scheduler import spb
 from worker_agent.runtime import checkpoint, rng
 from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
 from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
 from worker_agent.runtime.reporting import ReportBuffer
-from worker_agent.runtime.sampling import DataPosition, ShardedBatches
+from worker_agent.runtime.sampling import DataPosition, ShardedBatches, to_device
+from worker_agent.runtime.spb import stages
+from worker_agent.runtime.spb.partial import PartialBackprop
+from worker_agent.runtime.spb.profiler import profile_model
 from worker_agent.runtime.timing import (
     CommMeter,
     DeviceClock,
@@ -37,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 # Enough of a traceback to diagnose a failure from the job's events.
 _ERROR_TAIL_CHARS = 4000
+# Timed passes per figure when a job profiles its model: a few seconds at start.
+_PROFILE_REPEATS = 3
 
 
 def run_worker(config: WorkerConfig, controller: Controller) -> ExitStatus:
@@ -117,12 +128,26 @@ class _Training:
         )
         self.iteration = resumed.iteration if resumed is not None else 0
 
-        self._model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
+        self._net = model  # unwrapped: what evaluation and checkpoints see
         self._clock = DeviceClock(device)
-        self._comm = CommMeter(self._clock)
-        self._model.register_comm_hook(self._comm, CommMeter.hook)
+        self._comm = CommMeter(self._clock, config.world_size)
+        self._partial: PartialBackprop | None = None
+        self._model: nn.Module
+        if config.spb_enabled:
+            self._partial = PartialBackprop(
+                stages.build(model, self._trial.stages(model), config.spb_stages),
+                model,
+                rank=config.rank,
+                world_size=config.world_size,
+                config=spb.resolve(config.spb),
+            )
+            self._model = model
+        else:
+            ddp = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+            ddp.register_comm_hook(self._comm, CommMeter.hook)
+            self._model = ddp
         self._batches = ShardedBatches(
             dataset,
             rank=config.rank,
@@ -131,7 +156,7 @@ class _Training:
             seed=config.seed,
             start=resumed.position if resumed is not None else DataPosition(),
         )
-        self._sync = BoundarySync(config.rank, config.world_size, device)
+        self._sync = BoundarySync(config.rank, config.world_size, device, config.spb)
         self._reports = ReportBuffer(
             controller, config.report_every_iterations, config.report_every_seconds
         )
@@ -145,12 +170,14 @@ class _Training:
             self._announce(f"resumed from the checkpoint at iteration {self.iteration}")
 
     def run(self) -> ExitStatus:
+        if self._config.profile and self._rank0 and self.iteration == 0:
+            self._profile()  # the peers wait for it at the first agreement
         # The first boundary of this process has no step to hide its agreement behind.
         agreed = self._agree_now(self._check(self.iteration))
         while True:
             if agreed.decision.config_version != self._config_version:
                 self._config_version = agreed.decision.config_version
-                self._announce(f"configuration version {self._config_version} applied")
+                self._reconfigure(agreed.decision.config)
             outcome = self._outcome(agreed)
             if outcome is not None:
                 return self._finish(outcome)
@@ -165,6 +192,35 @@ class _Training:
                 # Every rank knows evaluation boundaries, so all agree once more there:
                 # a reached target stops everyone at this very boundary.
                 agreed = self._agree_now(self._decision)
+
+    def _reconfigure(self, config: dict[str, Any]) -> None:
+        version = self._config_version
+        if self._partial is None:
+            # The spec said `spb: off`: the job runs plain DDP and keeps doing so.
+            self._announce(f"configuration version {version} ignored: this job runs spb off")
+            return
+        self._partial.configure(spb.resolve(config))
+        self._announce(
+            f"configuration version {version} applied: spb {spb.config_key(self._partial.config)}"
+        )
+
+    def _profile(self) -> None:
+        """Measure the model's per-stage costs on a copy (so that training, its RNG streams
+        and BatchNorm statistics included, goes on as if it had not happened) and report
+        them as the workload's model profile."""
+        state = rng.capture()
+        try:
+            profile = profile_model(
+                self._config.workload,
+                self._trial,
+                copy.deepcopy(self._net),
+                stages=self._config.spb_stages,
+                repeats=_PROFILE_REPEATS,
+            )
+        finally:
+            rng.restore(state)
+        self._controller.profile(self._config.workload, profile.to_json())
+        self._announce(f"measured the model: {len(profile.stages)} stages")
 
     def _check(self, boundary: int) -> Decision | None:
         if not self._rank0:
@@ -198,26 +254,35 @@ class _Training:
         decision = self._check(boundary) if agreeing else None
         self._comm.reset()
         start = self._clock.mark()
-        batch = _to_device(self._batches.next(), self._device)
+        if self._partial is not None:
+            self._partial.begin(self.iteration)
+        batch = to_device(self._batches.next(), self._device)
         self._optimizer.zero_grad()
         loss = self._trial.loss(self._model, batch)
         if agreeing:
             self._sync.launch(decision, self._target_reached)
-        loss.backward()
-        backward_end = self._clock.mark()
+        if loss.requires_grad:  # false only for a rank whose top stage has no parameters
+            loss.backward()
+        # Communication not hidden behind compute: DDP's tail after its last bucket
+        # launch, or SPB's whole exchange, which runs after backward.
+        comm_start = self._comm.last_launch if self._partial is None else self._clock.mark()
+        if self._partial is not None:
+            self._comm.bytes = self._partial.synchronize()
+        comm_end = self._clock.mark()
         self._optimizer.step()
+        if self._partial is not None:
+            self._partial.after_step()
         end = self._clock.mark()
         if agreeing:
             agreed = self._sync.wait()
         if self._rank0:
             self._clock.synchronize()
-            self._reports.add(self._record(start, backward_end, end, loss.item()))
+            comm = self._clock.seconds(comm_start, comm_end) if comm_start is not None else 0.0
+            self._reports.add(self._record(start, end, comm, loss.item()))
         return agreed
 
-    def _record(self, start: Mark, backward_end: Mark, end: Mark, loss: float) -> IterationRecord:
+    def _record(self, start: Mark, end: Mark, comm: float, loss: float) -> IterationRecord:
         step = self._clock.seconds(start, end)
-        launch = self._comm.last_launch
-        comm = self._clock.seconds(launch, backward_end) if launch is not None else 0.0
         return IterationRecord(
             iteration=self.iteration + 1,
             step_seconds=step,
@@ -228,10 +293,11 @@ class _Training:
             utilization=self._utilization.sample(),
             peak_memory_bytes=peak_memory_bytes(self._device),
             bytes_communicated=self._comm.bytes,
+            spb_depth=self._partial.depth_fraction if self._partial is not None else None,
         )
 
     def _evaluate(self) -> None:
-        model = self._model.module
+        model = self._net
         # Evaluation runs on rank 0 alone; it must not perturb rank 0's random streams.
         state = rng.capture()
         model.eval()
@@ -254,8 +320,7 @@ class _Training:
                 f"target metric {target.name!r} is not among the evaluated metrics "
                 f"{sorted(self._metrics)}"
             )
-        value = self._metrics[target.name]
-        return value >= target.value if target.mode == "max" else value <= target.value
+        return target.reached_by(self._metrics[target.name])
 
     def _finish(self, outcome: Outcome) -> ExitStatus:
         if self._rank0:
@@ -274,7 +339,7 @@ class _Training:
         if self._config.checkpoint_dir is not None:
             checkpoint.save(
                 self._config.checkpoint_dir,
-                model=self._model.module,
+                model=self._net,
                 optimizer=self._optimizer,
                 iteration=self.iteration,
                 position=self._batches.position,
@@ -283,13 +348,3 @@ class _Training:
     def _announce(self, message: str) -> None:
         # The agent forwards the worker's stderr, so a log line is all it takes.
         logger.info(message)
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, list | tuple):
-        return type(batch)(_to_device(item, device) for item in batch)
-    if isinstance(batch, dict):
-        return {key: _to_device(value, device) for key, value in batch.items()}
-    return batch

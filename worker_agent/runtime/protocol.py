@@ -15,6 +15,7 @@ worker -> agent
     {"type": "check", "iteration": int}                      rank 0 only; agent replies
     {"type": "report", "records": [IterationRecord as dict, ...]}          rank 0 only
     {"type": "evaluation", "iteration": int, "metrics": {str: float}}      rank 0 only
+    {"type": "profile", "workload": str, "profile": SPBProfile as JSON}   rank 0, at most once
     {"type": "exit", "status": Outcome value, "iteration": int,
      "error_tail": str | None}                                         last, once
 agent -> worker (only as the reply to "check")
@@ -94,6 +95,9 @@ class IterationRecord:
     utilization: float | None
     peak_memory_bytes: int
     bytes_communicated: int
+    # Mean backprop depth over the workers as a fraction of the stages (1 = full);
+    # None for a job that runs plain DDP.
+    spb_depth: float | None = None
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

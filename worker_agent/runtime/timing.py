@@ -50,11 +50,21 @@ class DeviceClock:
         return start.elapsed_time(end) / 1000.0
 
 
-class CommMeter:
-    """DDP comm hook state: the last bucket launch and the bytes of one backward pass."""
+def ring_allreduce_bytes(nbytes: int, ranks: int) -> int:
+    """Bytes each of `ranks` sends in a ring all-reduce of `nbytes`: 2(k-1)/k of it.
 
-    def __init__(self, clock: DeviceClock) -> None:
+    The one accounting of "bytes communicated" (DDP's buckets and SPB's exchange alike),
+    so that configurations compare by what crosses the wire, not by buffer sizes.
+    """
+    return 2 * (ranks - 1) * nbytes // ranks
+
+
+class CommMeter:
+    """DDP comm hook state: the last bucket launch and the wire bytes of one backward pass."""
+
+    def __init__(self, clock: DeviceClock, world_size: int) -> None:
         self._clock = clock
+        self._world_size = world_size
         self.last_launch: Mark | None = None
         self.bytes = 0
 
@@ -66,7 +76,9 @@ class CommMeter:
     def hook(meter: "CommMeter", bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         """Register with `DistributedDataParallel.register_comm_hook(meter, CommMeter.hook)`."""
         buffer = bucket.buffer()
-        meter.bytes += buffer.numel() * buffer.element_size()
+        meter.bytes += ring_allreduce_bytes(
+            buffer.numel() * buffer.element_size(), meter._world_size
+        )
         meter.last_launch = meter._clock.mark()
         # None: the default process group, as DDP itself would use.
         return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]

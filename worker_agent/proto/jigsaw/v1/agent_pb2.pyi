@@ -55,20 +55,22 @@ class RegisterResponse(_message.Message):
     def __init__(self, agent_id: _Optional[int] = ..., node_id: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "reports", "exit", "log", "evaluation")
+    __slots__ = ("hello", "heartbeat", "reports", "exit", "log", "evaluation", "profile")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     EXIT_FIELD_NUMBER: _ClassVar[int]
     LOG_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     reports: IterationReports
     exit: JobExit
     log: LogTail
     evaluation: Evaluation
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[IterationReports, _Mapping]] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ..., log: _Optional[_Union[LogTail, _Mapping]] = ..., evaluation: _Optional[_Union[Evaluation, _Mapping]] = ...) -> None: ...
+    profile: ModelProfileReport
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[IterationReports, _Mapping]] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ..., log: _Optional[_Union[LogTail, _Mapping]] = ..., evaluation: _Optional[_Union[Evaluation, _Mapping]] = ..., profile: _Optional[_Union[ModelProfileReport, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_name", "running", "exits")
@@ -93,7 +95,7 @@ class Heartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class IterationRecord(_message.Message):
-    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated")
+    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated", "spb_depth")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +105,7 @@ class IterationRecord(_message.Message):
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     BYTES_COMMUNICATED_FIELD_NUMBER: _ClassVar[int]
+    SPB_DEPTH_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     step_seconds: float
     compute_seconds: float
@@ -112,7 +115,8 @@ class IterationRecord(_message.Message):
     utilization: float
     peak_memory_bytes: int
     bytes_communicated: int
-    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ...) -> None: ...
+    spb_depth: float
+    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ...) -> None: ...
 
 class JobIterations(_message.Message):
     __slots__ = ("job_id", "records")
@@ -179,6 +183,18 @@ class Evaluation(_message.Message):
     iteration: int
     metrics: _containers.ScalarMap[str, float]
     def __init__(self, job_id: _Optional[int] = ..., iteration: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ModelProfileReport(_message.Message):
+    __slots__ = ("job_id", "workload", "device_kind", "profile_json")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_JSON_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    workload: str
+    device_kind: str
+    profile_json: str
+    def __init__(self, job_id: _Optional[int] = ..., workload: _Optional[str] = ..., device_kind: _Optional[str] = ..., profile_json: _Optional[str] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
     __slots__ = ("launch", "stop", "suspend", "resume", "reconfigure")

@@ -1,0 +1,129 @@
+"""The statistical price of SPB configurations: steps and time to a target, measured.
+
+Each configuration trains the workload from the same seed on a real local gang (the
+training runtime, gloo) until its evaluation reaches the target or the iteration limit;
+its price is its steps over full backprop's (`SPBProfile.steps_ratio`). Time counts
+rank 0's training steps only, not process start-up or evaluations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from scheduler import spb
+from scheduler.jobspec import Hyperparameters, SPBConfig, TargetMetric
+from scheduler.spb import SPBProfile
+from worker_agent.runtime.config import WorkerConfig
+from worker_agent.runtime.gang import free_local_port, run_workers
+from worker_agent.runtime.protocol import Outcome
+from worker_agent.runtime.spb.profiler import profile_workload
+
+
+@dataclass(frozen=True)
+class TargetRun:
+    config: SPBConfig | None
+    steps: int
+    train_seconds: float
+    reached: bool
+    metrics: dict[str, float]
+
+
+def run_to_target(
+    workload: str,
+    config: SPBConfig | None,
+    *,
+    workers: int,
+    hyperparameters: Hyperparameters,
+    target: TargetMetric,
+    max_iterations: int,
+    eval_every: int,
+    seed: int = 0,
+    stages: int | None = None,
+) -> TargetRun:
+    port = free_local_port()
+    configs = [
+        WorkerConfig(
+            job_id=0,
+            workload=workload,
+            hyperparameters=hyperparameters,
+            rank=rank,
+            world_size=workers,
+            master_port=port,
+            seed=seed,
+            max_iterations=max_iterations,
+            target_metric=target,
+            eval_every=eval_every,
+            torch_threads=1,
+            spb_enabled=True,
+            spb=spb.as_json(config),
+            spb_stages=stages,
+        )
+        for rank in range(workers)
+    ]
+    rank0 = run_workers(configs)[0]
+    assert rank0.status is not None
+    return TargetRun(
+        config=config,
+        steps=rank0.status.iteration,
+        train_seconds=sum(record.step_seconds for record in rank0.records),
+        reached=rank0.status.outcome is Outcome.SUCCEEDED
+        and target.name in rank0.status.metrics
+        and target.reached_by(rank0.status.metrics[target.name]),
+        metrics=rank0.status.metrics,
+    )
+
+
+def steps_ratios(runs: list[TargetRun]) -> dict[str, float]:
+    """`SPBProfile.steps_ratio` from runs that include full backprop (config None); a
+    configuration that missed the target gets no ratio (unmeasured, not cheap)."""
+    full = next((run for run in runs if run.config is None and run.reached), None)
+    if full is None:
+        return {}
+    return {
+        spb.config_key(run.config): run.steps / full.steps
+        for run in runs
+        if run.config is not None and run.reached
+    }
+
+
+# The structured family the profiler prices: fewer full workers and shallower partial
+# workers, from mild to aggressive.
+PRICED_CONFIGS = (
+    SPBConfig(full_fraction=0.75, partial_depth=0.5),
+    SPBConfig(full_fraction=0.5, partial_depth=0.25),
+    SPBConfig(full_fraction=0.25, partial_depth=0.25),
+)
+
+
+def measure_profile(
+    workload: str,
+    *,
+    workers: int,
+    hyperparameters: Hyperparameters,
+    stages: int | None,
+    repeats: int,
+    target: TargetMetric | None,
+    max_iterations: int,
+) -> SPBProfile:
+    """`profile_workload`, and with a `target` the steps ratio of each configuration in
+    `PRICED_CONFIGS` from real training runs (`run_to_target`)."""
+    costs = profile_workload(
+        workload, workers=workers, hyperparameters=hyperparameters, stages=stages, repeats=repeats
+    )
+    if target is None:
+        return costs
+    runs = [
+        run_to_target(
+            workload,
+            config,
+            workers=workers,
+            hyperparameters=hyperparameters,
+            target=target,
+            max_iterations=max_iterations,
+            eval_every=10,
+            stages=stages,
+        )
+        for config in (None, *PRICED_CONFIGS)
+    ]
+    return dataclasses.replace(costs, steps_ratio=steps_ratios(runs))
