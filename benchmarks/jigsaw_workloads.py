@@ -5,7 +5,10 @@ the whole workload submitted at time 0 (the issue's definition), for Tiresias, J
 and JigSaw without one of its levers (resizing, SPB and packing), all in the same run.
 Targets (median over workloads): average JCT -25% or better, efficiency +28% or better.
 
-    python -m benchmarks.jigsaw_workloads [--json]
+    python -m benchmarks.jigsaw_workloads [--spb-profiles DIR] [--json]
+
+`--spb-profiles`: measured SPB profiles (`jigsaw profile WORKLOAD --json`) instead of
+the assumed defaults, matched as `jigsaw simulate` matches them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from benchmarks.harness import emit
 from scheduler.policies import Policy, jigsaw, tiresias
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.metrics import summarize
+from scheduler.sim.profiles import load_profiles
 from scheduler.sim.trace import load_workloads
+from scheduler.spb import SPBProfile
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "shared/traces/pollux/workloads"
 VARIANTS: dict[str, Policy] = {
@@ -30,25 +35,30 @@ VARIANTS: dict[str, Policy] = {
 }
 
 
-def _run(jobs: Any, policy: Policy, zero: bool) -> dict[str, Any]:
-    options = SimOptions(zero_arrivals=zero)
+def _run(jobs: Any, policy: Policy, zero: bool, profiles: dict[str, SPBProfile]) -> dict[str, Any]:
+    options = SimOptions(zero_arrivals=zero, spb_profiles=profiles)
     return summarize(Simulator(jobs, ClusterShape.parse("16x4"), policy, options=options).run())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spb-profiles", type=Path)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if not WORKLOADS.is_dir():
         parser.error(f"{WORKLOADS} not found: the Pollux traces live in ../shared/traces")
+    try:
+        profiles = load_profiles(args.spb_profiles) if args.spb_profiles else {}
+    except ValueError as exc:
+        parser.error(str(exc))
     changes: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in VARIANTS}
     rows: list[dict[str, Any]] = []
     for workload in load_workloads(WORKLOADS):
-        base_jct = _run(workload.jobs, tiresias.schedule, zero=False)["avg_jct_s"]
-        base_eff = _run(workload.jobs, tiresias.schedule, zero=True)["cluster_efficiency"]
+        base_jct = _run(workload.jobs, tiresias.schedule, False, profiles)["avg_jct_s"]
+        base_eff = _run(workload.jobs, tiresias.schedule, True, profiles)["cluster_efficiency"]
         for name, policy in VARIANTS.items():
-            jct = _run(workload.jobs, policy, zero=False)["avg_jct_s"]
-            eff = _run(workload.jobs, policy, zero=True)["cluster_efficiency"]
+            jct = _run(workload.jobs, policy, False, profiles)["avg_jct_s"]
+            eff = _run(workload.jobs, policy, True, profiles)["cluster_efficiency"]
             changes[name][0].append(jct / base_jct - 1)
             changes[name][1].append(eff / base_eff - 1)
             rows.append(
