@@ -1,7 +1,7 @@
 """Averaging Kronecker factors across workers: pipelined, fused, contributor-aware.
 
 Each factor is symmetric, so only its upper triangle travels. A message is gathered from
-every worker (`all_gather_into_tensor`) and summed here in rank order over the factor's
+every worker (`all_gather_single`) and summed here in rank order over the factor's
 contributors. A ring all-reduce would move half the bytes at 4 workers, but its
 summation order depends on where an element sits in the message, so fusing factors
 would change their values in the last bit; the rank-ordered sum makes fused and unfused
@@ -77,7 +77,7 @@ def measure_comm_model(
 def gather_collective(tensor: torch.Tensor, group: ProcessGroup | None) -> None:
     size = dist.get_world_size(group)
     out = tensor.new_empty(size * tensor.numel())
-    dist.all_gather_into_tensor(out, tensor, group=group)
+    dist.all_gather_single(out, tensor, group=group)
 
 
 def broadcast_collective(tensor: torch.Tensor, group: ProcessGroup | None) -> None:
@@ -234,5 +234,5 @@ class FactorExchange:
         if self._world_size == 1:
             return message, None
         gathered = message.new_empty(self._world_size * message.numel())
-        work = dist.all_gather_into_tensor(gathered, message, group=self._group, async_op=True)
+        work = dist.all_gather_single(gathered, message, group=self._group, async_op=True)
         return gathered, work

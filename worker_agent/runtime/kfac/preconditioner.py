@@ -131,7 +131,6 @@ class KFACPreconditioner:
         self.set_contributors(contributors)
         self._curvature = _Curvature()
         self.steps = 0
-        self._factor_updates = 0
         self._profiled: list[list[float]] = []
         self._placement: Placement | None = None
         self._decomposed_at: int | None = None
@@ -195,14 +194,14 @@ class KFACPreconditioner:
             # The first factors replace nothing: an average with zeros would
             # understate the curvature for the first 1 / (1 - decay) updates.
             self._curvature.factors[key] = new if old is None else decay * old + (1 - decay) * new
-        self._factor_updates += 1
+        # Profiled from this process's first factor steps (a resumed run profiles again).
         if (
             self._distributed
             and self.settings.fusion
-            and self._factor_updates <= self.settings.profile_steps
+            and len(self._profiled) < self.settings.profile_steps
         ):
             self._profiled.append(list(self.exchange.ready_seconds))
-            if self._factor_updates == self.settings.profile_steps:
+            if len(self._profiled) == self.settings.profile_steps:
                 self._fit_fusion_plan()
 
     def _fit_fusion_plan(self) -> None:
@@ -259,7 +258,8 @@ class KFACPreconditioner:
                 buffer = decompositions[key].flat()
             else:
                 elements = Decomposition.elements(self._dim(key), method)
-                buffer = torch.empty(elements, device=self._device)
+                factor = self._curvature.factors[key]
+                buffer = factor.new_empty(elements)
             source = dist.get_global_rank(self._group, owner) if self._group else owner
             work = dist.broadcast(buffer, src=source, group=self._group, async_op=True)
             pending.append((key, buffer, work))
@@ -303,28 +303,44 @@ class KFACPreconditioner:
             layer.set_gradient_matrix(update * scale)
 
     def state_dict(self) -> dict[str, Any]:
-        """The running factors and counters; decompositions are recomputed on resume."""
+        """Running factors, decompositions in use and counters: a resumed run continues
+        the same trajectory (placement and fusion plan are re-measured; they change
+        where work runs, not its values)."""
+        names = [layer.name for layer in self.layers]
         return {
             "steps": self.steps,
-            "factor_updates": self._factor_updates,
+            "decomposed_at": self._decomposed_at,
             "factors": {
-                f"{self.layers[i].name}/{kind}": tensor.cpu()
+                f"{names[i]}/{kind}": tensor.cpu()
                 for (i, kind), tensor in self._curvature.factors.items()
+            },
+            "decompositions": {
+                f"{names[i]}/{kind}": {"matrix": d.matrix.cpu(), "values": d.values}
+                for (i, kind), d in self._curvature.decompositions.items()
             },
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        names = {layer.name: i for i, layer in enumerate(self.layers)}
-        factors: dict[FactorKey, torch.Tensor] = {}
-        for name, tensor in state["factors"].items():
+        indices = {layer.name: i for i, layer in enumerate(self.layers)}
+
+        def key(name: str) -> FactorKey:
             layer_name, kind = name.rsplit("/", 1)
-            if layer_name not in names:
-                raise ValueError(f"K-FAC state has factors of an unknown layer {layer_name!r}")
-            factors[(names[layer_name], kind)] = tensor.to(self._device)
-        self._curvature = _Curvature(factors)
+            if layer_name not in indices:
+                raise ValueError(f"K-FAC state holds an unknown layer {layer_name!r}")
+            return indices[layer_name], kind
+
+        device = self._device
+        self._curvature = _Curvature(
+            {key(name): t.to(device) for name, t in state["factors"].items()},
+            {
+                key(name): Decomposition(
+                    d["matrix"].to(device), None if d["values"] is None else d["values"].to(device)
+                )
+                for name, d in state["decompositions"].items()
+            },
+        )
         self.steps = int(state["steps"])
-        self._factor_updates = int(state["factor_updates"])
-        self._decomposed_at = None  # decompose at the next step
+        self._decomposed_at = state["decomposed_at"]
         self._hooks.capturing = self.steps % self.settings.factor_update_steps == 0
         self.exchange.begin()
 
@@ -346,6 +362,10 @@ class KFACSGD(torch.optim.SGD):
         contributors: Mapping[str, frozenset[int]] | None = None,
     ) -> None:
         super().__init__(model.parameters(), lr=learning_rate, momentum=momentum)
+        if group is None and dist.is_initialized() and dist.get_world_size() > 1:
+            # Its own communicator: factor messages start from hooks in the middle of
+            # backward, independently of DDP's buckets and the loop's agreements.
+            group = dist.new_group()
         self.preconditioner = KFACPreconditioner(
             model, settings, group=group, contributors=contributors
         )

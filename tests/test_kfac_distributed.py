@@ -1,0 +1,143 @@
+"""Distributed K-FAC on real gloo process groups.
+
+With equal local batches, K-FAC over 1, 2 or 4 workers must precondition exactly as one
+process does on the global batch; the pipelined, fused, balanced exchange must produce
+the very same bits as the naive per-layer one; factors of a stage some workers do not
+backpropagate are averaged over its contributors only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from api.server import free_port
+from worker_agent.runtime.kfac import KFACPreconditioner, KFACSettings
+from worker_agent.runtime.kfac.exchange import FactorExchange
+
+GLOBAL_BATCH = 8
+STEPS = 3
+# Every step inverts, the fusion plan is fitted after the first step.
+_FAST = KFACSettings(inv_update_steps=1, factor_decay=0.5, profile_steps=1, kl_clip=1.0)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    # float64: the damped solve amplifies float32 rounding beyond a meaningful tolerance.
+    return nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(3 * 4 * 4, 5),
+        nn.ReLU(),
+        nn.Linear(5, 3),
+    ).double()
+
+
+def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    return [
+        (
+            torch.randn(GLOBAL_BATCH, 2, 4, 4, generator=generator, dtype=torch.float64),
+            torch.randint(3, (GLOBAL_BATCH,), generator=generator),
+        )
+        for _ in range(STEPS)
+    ]
+
+
+def _preconditioned(
+    model: nn.Module, preconditioner: KFACPreconditioner, batches: list[tuple[torch.Tensor, ...]]
+) -> list[list[torch.Tensor]]:
+    """The preconditioned gradients of every step (the model itself is not updated)."""
+    steps = []
+    for inputs, targets in batches:
+        model.zero_grad()
+        F.cross_entropy(model(inputs), targets).backward()
+        if dist.is_initialized():
+            # What DDP does in backward (DDP itself costs seconds of imports per process).
+            for parameter in model.parameters():
+                assert parameter.grad is not None
+                dist.all_reduce(parameter.grad)
+                parameter.grad /= dist.get_world_size()
+        preconditioner.step(learning_rate=0.1)
+        steps.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    return steps
+
+
+def _member(rank: int, world_size: int, port: int) -> None:
+    torch.set_num_threads(1)
+    batches = _batches()
+    reference_model = _model()
+    reference = _preconditioned(
+        reference_model, KFACPreconditioner(reference_model, _FAST), batches
+    )
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    try:
+        local = GLOBAL_BATCH // world_size
+        shards = [
+            (x[rank * local : (rank + 1) * local], y[rank * local : (rank + 1) * local])
+            for x, y in batches
+        ]
+        naive = replace(_FAST, pipelined=False, fusion=False, placement="round-robin")
+        runs = {}
+        for name, settings in (("fused", _FAST), ("naive", naive)):
+            model = _model()
+            preconditioner = KFACPreconditioner(model, settings, group=dist.new_group())
+            grads = _preconditioned(model, preconditioner, shards)
+            runs[name] = (grads, preconditioner.state_dict()["factors"])
+        for step, expected in enumerate(reference):
+            for got, want in zip(runs["fused"][0][step], expected, strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+            for got, want in zip(runs["naive"][0][step], expected, strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+        fused_factors, naive_factors = runs["fused"][1], runs["naive"][1]
+        assert fused_factors.keys() == naive_factors.keys()
+        for name, factor in fused_factors.items():
+            assert torch.equal(factor, naive_factors[name]), name
+        if world_size > 1:
+            _check_exchange(rank, world_size)
+    finally:
+        dist.destroy_process_group()
+
+
+def _factor(rank: int, index: int, dim: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(100 * rank + index)
+    sample = torch.randn(dim, dim, generator=generator) * 10.0 ** (index - 2)
+    return sample @ sample.T
+
+
+def _check_exchange(rank: int, world_size: int) -> None:
+    """Fused messages give the bits of one message per factor; a factor whose
+    contributors are a subset is the mean over that subset."""
+    dims = [3, 7, 2, 5, 4]
+    keys = [(i, "A") for i in range(len(dims))]
+    partial = frozenset(range(world_size // 2))
+    contributors = [frozenset(range(world_size))] * 3 + [partial] * 2
+    results = []
+    for plan in ([[0], [1], [2], [3], [4]], [[0, 1, 2], [3, 4]], [[0], [1, 2, 3, 4]]):
+        exchange = FactorExchange(keys, dims, group=None, contributors=contributors, pipelined=True)
+        exchange.set_plan(plan)
+        for i, dim in enumerate(dims):
+            if rank in contributors[i]:
+                exchange.submit(keys[i], _factor(rank, i, dim))
+        results.append(exchange.finish())
+    for other in results[1:]:
+        for key in keys:
+            assert torch.equal(other[key], results[0][key]), (key, "fused differs from unfused")
+    for i, dim in enumerate(dims):
+        want = sum(_factor(r, i, dim) for r in sorted(contributors[i])) / len(contributors[i])
+        torch.testing.assert_close(results[0][keys[i]], want)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_distributed_kfac_matches_one_process_on_the_global_batch(world_size: int) -> None:
+    torch.multiprocessing.spawn(_member, args=(world_size, free_port()), nprocs=world_size)
