@@ -52,10 +52,10 @@ PlacementRule = Literal["balanced", "round-robin"]
 
 @dataclass(frozen=True)
 class KFACSettings:
-    damping: float = 1e-3
+    damping: float = 3e-3
     factor_decay: float = 0.95  # running average: F <- decay F + (1 - decay) F_new
     factor_update_steps: int = 1
-    inv_update_steps: int = 10
+    inv_update_steps: int = 1
     kl_clip: float = 1e-3
     method: Method = "eigen"
     # Start each factor's exchange from its hook (else: all after backward).
