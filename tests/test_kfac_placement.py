@@ -1,4 +1,5 @@
-"""Inversion placement and fusion planning, against brute force and hand-worked cases."""
+"""Inversion placement, fusion planning and SPB contributors, against brute force and
+hand-worked cases."""
 
 from __future__ import annotations
 
@@ -6,9 +7,15 @@ import itertools
 import random
 
 import pytest
+import torch
 
+from scheduler.jobspec import Hyperparameters, SPBConfig
+from scheduler.spb import contributors, worker_depths
 from worker_agent.runtime.kfac.exchange import CommModel, fusion_plan
+from worker_agent.runtime.kfac.factors import discover_layers, layer_contributors
 from worker_agent.runtime.kfac.placement import balanced, round_robin
+from worker_agent.runtime.trial import TrialContext
+from worker_agent.runtime.workloads import BUILTIN_TRIALS
 
 
 def _max_load(
@@ -87,3 +94,20 @@ def test_fusion_plan_merges_what_would_wait_and_keeps_what_would_not() -> None:
     plan = fusion_plan([0.5, 0.6, 0.9, 5.0], elements, CommModel(0.05, 0.0095))
     assert plan == [[0], [1, 2], [3]]
     assert fusion_plan([], [], CommModel(1.0, 0.0)) == []
+
+
+def test_layers_take_the_contributors_of_their_spb_stage() -> None:
+    context = TrialContext(Hyperparameters(), 0, 4, torch.device("cpu"), seed=0)
+    trial = BUILTIN_TRIALS["digits-cnn"](context)
+    model = trial.build_model()
+    stages = trial.stages(model)
+    # Two full workers, two training the top stage only.
+    config = SPBConfig(full_fraction=0.5, partial_depth=0.5)
+    per_stage = contributors(worker_depths(config, 4, len(stages)), len(stages))
+    layers = discover_layers(model)
+    mapping = layer_contributors(layers, stages, per_stage)
+    assert {name: sorted(ranks) for name, ranks in mapping.items()} == {
+        "0.1": [0, 1],
+        "0.3": [0, 1],
+        "1.1": [0, 1, 2, 3],
+    }

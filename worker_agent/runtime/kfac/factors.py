@@ -166,3 +166,23 @@ class FactorHooks:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+
+def layer_contributors(
+    layers: list[KFACLayer],
+    stages: list[nn.Module],
+    stage_contributors: tuple[frozenset[int], ...],
+) -> dict[str, frozenset[int]]:
+    """Per K-FAC layer, the workers that train its stage (`scheduler.spb.contributors`
+    gives them per stage), for `KFACPreconditioner.set_contributors`."""
+    if len(stages) != len(stage_contributors):
+        raise ValueError(f"{len(stages)} stages but {len(stage_contributors)} contributor sets")
+    owner = {
+        id(module): ranks
+        for stage, ranks in zip(stages, stage_contributors, strict=True)
+        for module in stage.modules()
+    }
+    missing = [layer.name for layer in layers if id(layer.module) not in owner]
+    if missing:
+        raise ValueError(f"K-FAC layers outside every stage: {missing}")
+    return {layer.name: owner[id(layer.module)] for layer in layers}
