@@ -54,8 +54,9 @@ SPLIT = ("factor_compute", "factor_exchange", "inversion", "broadcast")
 
 def _timed_variant(
     name: str, args: argparse.Namespace, batches: list[Any], rank: int
-) -> tuple[float, StepTimes]:
-    """Seconds per timed iteration (slowest worker) and rank 0's split, summed."""
+) -> tuple[float, StepTimes, str]:
+    """Seconds per timed iteration (slowest worker), rank 0's split (summed) and the
+    layout it ran: messages per factor step, factors decomposed by every worker."""
     torch.manual_seed(0)
     context = TrialContext(
         Hyperparameters(batch_size=args.batch_size), rank, args.workers, torch.device("cpu"), 0
@@ -78,8 +79,14 @@ def _timed_variant(
         if i >= args.warmup:
             elapsed += float(seconds)
             total.add(optimizer.preconditioner.times)
-    optimizer.preconditioner.remove_hooks()
-    return elapsed / args.iterations, total
+    preconditioner = optimizer.preconditioner
+    preconditioner.remove_hooks()
+    assert preconditioner.placement is not None
+    layout = (
+        f"{len(preconditioner.exchange.groups)} messages, "
+        f"{preconditioner.placement.owners.count(None)} local"
+    )
+    return elapsed / args.iterations, total, layout
 
 
 def _iteration_member(rank: int, port: int, args: argparse.Namespace, results: Any) -> None:
@@ -105,13 +112,12 @@ def _iteration_member(rank: int, port: int, args: argparse.Namespace, results: A
                 ((i * args.workers + rank) * local) % (len(inputs) - local) for i in range(count)
             )
         ]
-        timings: list[tuple[str, float, StepTimes]] = []
+        timings: list[tuple[str, float, StepTimes, str]] = []
         names = list(VARIANTS)
         for repeat in range(args.repeats):
             order = names[repeat % len(names) :] + names[: repeat % len(names)]
             for name in order:
-                seconds, split = _timed_variant(name, args, batches, rank)
-                timings.append((name, seconds, split))
+                timings.append((name, *_timed_variant(name, args, batches, rank)))
         if rank == 0:
             results.put(timings)
     finally:
@@ -203,14 +209,18 @@ def _iteration_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
         process.join()
     if any(process.exitcode != 0 for process in processes):
         raise SystemExit("a benchmark worker failed (traceback above)")
-    timings: list[tuple[str, float, StepTimes]] = results.get(timeout=10)
-    medians = {name: statistics.median(s for n, s, _ in timings if n == name) for name in VARIANTS}
+    timings: list[tuple[str, float, StepTimes, str]] = results.get(timeout=10)
+    medians = {
+        name: statistics.median(s for n, s, _, _ in timings if n == name) for name in VARIANTS
+    }
     rows = []
     for name in VARIANTS:
         split = StepTimes()
-        for n, _, times in timings:
+        layouts = set()
+        for n, _, times, layout in timings:
             if n == name:
                 split.add(times)
+                layouts.add(layout)
         per_iteration = args.iterations * args.repeats
         parts = {f"{part}_ms": 1000 * getattr(split, part) / per_iteration for part in SPLIT}
         rows.append(
@@ -218,6 +228,7 @@ def _iteration_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "variant": name,
                 "workload": args.workload,
                 "workers": args.workers,
+                "layout": " / ".join(sorted(layouts)),
                 "iteration_time_s": medians[name],
                 "speedup_vs_naive": medians["naive"] / medians[name],
                 **parts,

@@ -138,6 +138,11 @@ class KFACPreconditioner:
         self._hooks = FactorHooks(self.layers, self._on_factor)
         self._hooks.capturing = True
 
+    @property
+    def placement(self) -> Placement | None:
+        """Who decomposes which factor (None before the first decomposition)."""
+        return self._placement
+
     def set_contributors(self, contributors: Mapping[str, frozenset[int]] | None) -> None:
         """Per layer name, the workers whose factors count (default: every worker).
 
