@@ -149,3 +149,13 @@ def test_deep_linear_network_kfac_blocks_are_the_exact_ggn_blocks() -> None:
             ]
         permuted = block[order][:, order]
         torch.testing.assert_close(kron, permuted, rtol=1e-10, atol=1e-12)
+
+
+def test_layers_without_kronecker_factors_are_skipped_with_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2, 1))
+    with caplog.at_level("INFO", logger="worker_agent.runtime.kfac.factors"):
+        layers = discover_layers(model)
+    assert [layer.name for layer in layers] == ["0", "3"]
+    assert "K-FAC skips 1 (BatchNorm2d)" in caplog.text
