@@ -80,6 +80,12 @@ def _member(rank: int, port: int) -> None:
     reference = _preconditioned(
         reference_model, KFACPreconditioner(reference_model, _FAST), batches
     )
+    # One process's first factors on rank 0's shard of each world size, and on all.
+    x, y = batches[0]
+    first = {
+        size: _first_factors(x[: GLOBAL_BATCH // size], y[: GLOBAL_BATCH // size])
+        for size in WORLD_SIZES
+    }
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=max(WORLD_SIZES)
     )
@@ -89,7 +95,7 @@ def _member(rank: int, port: int) -> None:
             # Every process takes part in creating every group, member or not.
             groups = [dist.new_group(ranks) for _ in range(3)]
             if rank < world_size:
-                _check_world(rank, world_size, groups, batches, reference)
+                _check_world(rank, world_size, groups, batches, reference, first)
     finally:
         dist.destroy_process_group()
 
@@ -100,6 +106,7 @@ def _check_world(
     groups: list[dist.ProcessGroup],
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     reference: list[list[torch.Tensor]],
+    first: dict[int, dict[str, torch.Tensor]],
 ) -> None:
     local = GLOBAL_BATCH // world_size
     shards = [
@@ -126,6 +133,40 @@ def _check_world(
         assert torch.equal(factor, naive_factors[name]), name
     if world_size > 1:
         _check_exchange(rank, world_size, gradients)
+        _check_partial_backprop(rank, kfac_groups[0], shards[0], first[world_size], first[1])
+
+
+def _first_factors(inputs: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    model = _model()
+    preconditioner = KFACPreconditioner(model, _FAST)
+    _preconditioned(model, preconditioner, [(inputs, targets)])
+    factors: dict[str, torch.Tensor] = preconditioner.state_dict()["factors"]
+    return factors
+
+
+def _check_partial_backprop(
+    rank: int,
+    group: dist.ProcessGroup,
+    shard: tuple[torch.Tensor, torch.Tensor],
+    rank0: dict[str, torch.Tensor],
+    everyone: dict[str, torch.Tensor],
+) -> None:
+    """SPB: only rank 0 backpropagates into the first layer (the convolution); the
+    others run it without gradients. Its factors are rank 0's alone; the other
+    layers' are the global batch's."""
+    model = _model()
+    preconditioner = KFACPreconditioner(
+        model, _FAST, group=group, contributors={"0": frozenset({0})}
+    )
+    inputs, targets = shard
+    with torch.set_grad_enabled(rank == 0):
+        hidden = model[0](inputs)
+    F.cross_entropy(model[1:](hidden), targets).backward()
+    preconditioner.step(learning_rate=0.1)
+    got = preconditioner.state_dict()["factors"]
+    for name, factor in got.items():
+        want = rank0[name] if name.startswith("0/") else everyone[name]
+        torch.testing.assert_close(factor, want, rtol=1e-9, atol=1e-12, msg=name)
 
 
 def _factor(rank: int, index: int, dim: int) -> torch.Tensor:
