@@ -69,7 +69,7 @@ def measure_comm_model(
             collective(tensor, group)
             samples.append(time.perf_counter() - start)
         medians.append(sorted(samples)[len(samples) // 2])
-    slowest = torch.tensor(medians, dtype=torch.float64)
+    slowest = torch.tensor(medians, dtype=torch.float64, device=device)  # NCCL: on the GPU
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
     return CommModel.fit(list(sizes), slowest.tolist())
 

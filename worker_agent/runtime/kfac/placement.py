@@ -152,7 +152,7 @@ def measure_inversion_seconds(
             decompose(factor, method, 1e-3)
             samples.append(time.perf_counter() - start)
         medians.append(sorted(samples)[len(samples) // 2])
-    slowest = torch.tensor(medians, dtype=torch.float64)
+    slowest = torch.tensor(medians, dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
         # Every worker must compute the same placement from the same numbers.
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)

@@ -86,8 +86,8 @@ def kl_clip_scale(
 ) -> float:
     """min(1, sqrt(kl_clip / sum(lr^2 * v . g))) over (preconditioned, raw) gradient pairs.
 
-    Bounds the step's predicted change of the model's output distribution, which keeps
-    early steps (when damping dominates nothing yet) from overshooting.
+    Bounds the step's predicted change of the model's output distribution: where the
+    curvature is small, the solve makes large steps, and the clip keeps them in check.
     """
     if not pairs:
         return 1.0

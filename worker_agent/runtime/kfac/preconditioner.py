@@ -210,7 +210,7 @@ class KFACPreconditioner:
                 self._fit_fusion_plan()
 
     def _fit_fusion_plan(self) -> None:
-        ready = torch.tensor(self._profiled, dtype=torch.float64).mean(dim=0)
+        ready = torch.tensor(self._profiled, dtype=torch.float64, device=self._device).mean(dim=0)
         # Every worker must fuse identically: the slowest worker's ready times count.
         dist.all_reduce(ready, op=dist.ReduceOp.MAX, group=self._group)
         model = measure_comm_model(self._group, gather_collective, self._device)
