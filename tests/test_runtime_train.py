@@ -117,8 +117,8 @@ def test_a_failing_worker_tells_its_controller_why(tmp_path: Path) -> None:
     assert controller.status.error_tail and "not a subclass" in controller.status.error_tail
 
 
-def test_kfac_is_refused_until_it_arrives() -> None:
+def test_kfac_is_built_by_the_runtime_not_the_trial() -> None:
     context = TrialContext(Hyperparameters(optimizer="kfac"), 0, 1, torch.device("cpu"), seed=0)
     trial = BUILTIN_TRIALS["digits-mlp"](context)
-    with pytest.raises(NotImplementedError, match="kfac arrives with the K-FAC issue"):
+    with pytest.raises(ValueError, match="needs the model"):
         trial.build_optimizer(trial.build_model().parameters())

@@ -26,6 +26,7 @@ from worker_agent.runtime import checkpoint, rng
 from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
+from worker_agent.runtime.kfac import KFACSGD
 from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
 from worker_agent.runtime.reporting import ReportBuffer
 from worker_agent.runtime.sampling import DataPosition, ShardedBatches, to_device
@@ -118,7 +119,12 @@ class _Training:
         torch.manual_seed(config.seed)
         self._trial = load_trial(config.workload)(context)
         model = self._trial.build_model().to(device)
-        self._optimizer = self._trial.build_optimizer(model.parameters())
+        # K-FAC preconditions per layer, so it is built around the model, not its parameters.
+        self._optimizer = (
+            KFACSGD(model, config.hyperparameters.learning_rate)
+            if config.hyperparameters.optimizer == "kfac"
+            else self._trial.build_optimizer(model.parameters())
+        )
         dataset = self._trial.train_data()
         rng.seed_rank(config.seed, config.rank)
         resumed = (

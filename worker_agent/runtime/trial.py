@@ -55,8 +55,9 @@ class Trial(ABC):
             return torch.optim.SGD(params, lr=hp.learning_rate, momentum=0.9)
         if hp.optimizer == "adam":
             return torch.optim.Adam(params, lr=hp.learning_rate)
-        raise NotImplementedError(
-            f"optimizer {hp.optimizer!r} is not available yet: kfac arrives with the K-FAC issue"
+        raise ValueError(
+            f"optimizer {hp.optimizer!r} preconditions per layer and needs the model: the "
+            "runtime builds it (worker_agent.runtime.kfac.KFACSGD), not Trial.build_optimizer"
         )
 
     @abstractmethod
