@@ -56,7 +56,8 @@ def test_input_pass_computes_no_weight_gradient_and_weight_pass_adds_each_share_
     loss_fn(reference, batch).backward()
 
     cut = GraphCut(model)
-    pieces = cut.backward_input(loss_fn(model, batch))
+    pieces = cut.collect(loss_fn(model, batch))
+    cut.backward_input(pieces)
     assert all(p.grad is None for p in model.parameters())
     # The block runs twice and the tied weight is read by two modules: four pieces use
     # the block or the tied weight, each must add its own share.

@@ -63,6 +63,7 @@ class DeferredWeightBackprop(StandardBackprop):
         self._cut = GraphCut(model)
 
     def backward(self, loss: torch.Tensor) -> None:
-        pieces = self._cut.backward_input(loss)
+        pieces = self._cut.collect(loss)
+        self._cut.backward_input(pieces)
         for piece in reversed(pieces):
             self._cut.backward_weight(piece)

@@ -23,6 +23,7 @@ none).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,11 +96,11 @@ class GraphCut:
         self._pieces.append(piece)
         return replaced[0] if single else tuple(replaced)
 
-    def backward_input(self, loss: torch.Tensor) -> list[Piece]:
-        """Run the dX chain from `loss` to the bottom; return the pieces, loss's last.
+    def collect(self, loss: torch.Tensor) -> list[Piece]:
+        """The pieces of the last forward pass and the loss's own, in forward order.
 
-        Afterwards every piece holds the gradient of its outputs (`grads`), which is all
-        its `backward_weight` needs.
+        Each knows the cut leaves it reads and the weights it uses; gradients come with
+        `backward_input`.
         """
         top = Piece(len(self._pieces), None, [loss], [], grads=[torch.ones_like(loss)])
         pieces = [*self._pieces, top]
@@ -107,9 +108,21 @@ class GraphCut:
             piece.reads, piece.params = self._reached(piece.outputs)
             if piece is not top:
                 piece.grads = [None] * len(piece.outputs)
+        return pieces
+
+    def backward_input(
+        self, pieces: list[Piece], after: Callable[[Piece], None] | None = None
+    ) -> None:
+        """Run the dX chain over `collect`'s pieces, from the loss to the bottom.
+
+        Afterwards every piece holds the gradient of its outputs (`grads`), which is all
+        its `backward_weight` needs. `after(piece)` runs as soon as a piece's own dX is
+        done, top piece first: where a schedule interleaves a piece's dW.
+        """
         for piece in reversed(pieces):
             self._propagate(piece)
-        return pieces
+            if after is not None:
+                after(piece)
 
     def backward_weight(self, piece: Piece) -> None:
         """Accumulate `piece`'s weight gradients into the parameters' `.grad`."""
