@@ -81,6 +81,14 @@ class JobSpec(StrictModel):
     backprop: Literal["standard", "ooo"] = Field(
         default="standard", description="Backprop schedule: standard or out-of-order."
     )
+    ooo_first_k: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="With backprop ooo on several workers: how many layers from the input "
+        "compute weight gradients after the output-gradient chain (reverse first-k); "
+        "null: all of them.",
+    )
     max_retries: int = Field(
         default=0, ge=0, le=10, description="Relaunches after a training process crashes."
     )

@@ -2,7 +2,8 @@
 
 Every iteration starts at a boundary where rank 0 consults its controller and all ranks
 agree on what to do (`boundary`), so that suspending, stopping or reconfiguring happens
-at the same iteration everywhere. Data parallelism is PyTorch's DDP in its standard mode.
+at the same iteration everywhere. Data parallelism is PyTorch's DDP in its standard mode;
+`backprop: ooo` replaces it with an out-of-order schedule (`worker_agent.runtime.ooo`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from worker_agent.runtime import checkpoint, rng
 from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
+from worker_agent.runtime.ooo.schedules import BackpropSchedule, StandardBackprop, out_of_order
 from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
 from worker_agent.runtime.reporting import ReportBuffer
 from worker_agent.runtime.sampling import DataPosition, ShardedBatches
@@ -117,12 +120,21 @@ class _Training:
         )
         self.iteration = resumed.iteration if resumed is not None else 0
 
-        self._model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
-        )
+        self._net = model  # unwrapped, for evaluation and checkpoints
         self._clock = DeviceClock(device)
         self._comm = CommMeter(self._clock)
-        self._model.register_comm_hook(self._comm, CommMeter.hook)
+        # The one place the backward schedule is chosen: `_step` only drives it.
+        self._backprop: BackpropSchedule
+        if config.backprop == "ooo":
+            self._model: nn.Module = model
+            self._backprop = out_of_order(model, self._optimizer, config.ooo_first_k)
+        else:
+            ddp = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None
+            )
+            ddp.register_comm_hook(self._comm, CommMeter.hook)
+            self._model = ddp
+            self._backprop = StandardBackprop(self._optimizer)
         self._batches = ShardedBatches(
             dataset,
             rank=config.rank,
@@ -199,13 +211,13 @@ class _Training:
         self._comm.reset()
         start = self._clock.mark()
         batch = _to_device(self._batches.next(), self._device)
-        self._optimizer.zero_grad()
+        self._backprop.zero_grad()
         loss = self._trial.loss(self._model, batch)
         if agreeing:
             self._sync.launch(decision, self._target_reached)
-        loss.backward()
+        self._backprop.backward(loss)
         backward_end = self._clock.mark()
-        self._optimizer.step()
+        self._backprop.step()
         end = self._clock.mark()
         if agreeing:
             agreed = self._sync.wait()
@@ -231,7 +243,8 @@ class _Training:
         )
 
     def _evaluate(self) -> None:
-        model = self._model.module
+        model = self._net
+        self._backprop.flush()
         # Evaluation runs on rank 0 alone; it must not perturb rank 0's random streams.
         state = rng.capture()
         model.eval()
@@ -272,9 +285,10 @@ class _Training:
     def _checkpoint(self) -> None:
         """Collective (every rank knows the boundaries that checkpoint)."""
         if self._config.checkpoint_dir is not None:
+            self._backprop.flush()
             checkpoint.save(
                 self._config.checkpoint_dir,
-                model=self._model.module,
+                model=self._net,
                 optimizer=self._optimizer,
                 iteration=self.iteration,
                 position=self._batches.position,

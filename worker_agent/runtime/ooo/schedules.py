@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
 from worker_agent.runtime.ooo.split import GraphCut
 
 
@@ -67,3 +69,12 @@ class DeferredWeightBackprop(StandardBackprop):
         self._cut.backward_input(pieces)
         for piece in reversed(pieces):
             self._cut.backward_weight(piece)
+
+
+def out_of_order(
+    model: nn.Module, optimizer: Optimizer, first_k: int | None = None
+) -> DeferredWeightBackprop | ReverseFirstK:
+    """`backprop: ooo`: reverse first-k over the default group, or one device's schedule."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        return ReverseFirstK(model, optimizer, first_k)
+    return DeferredWeightBackprop(model, optimizer)
