@@ -1,5 +1,6 @@
 """Models the out-of-order backprop tests train: built-in networks and the known traps
-of weight-gradient splitting (a tied weight, a module called twice, a custom Function)."""
+of weight-gradient splitting (a tied weight, a module called twice, a weight used twice
+in one call, a custom Function)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,17 @@ class CustomLinear(nn.Module):
         return ScaledMatmul.apply(x, self.weight)
 
 
+class TwiceScaled(nn.Module):
+    """Uses its weight twice in one call: the weight hangs off the dX chain twice."""
+
+    def __init__(self, features: int) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((features,), 1.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * self.scale) * self.scale
+
+
 class TiedLM(nn.Module):
     """Embedding and output layer share one weight; one block is applied twice."""
 
@@ -47,6 +59,7 @@ class TiedLM(nn.Module):
         self.embedding = nn.Embedding(VOCAB, 12)
         self.block = nn.Linear(12, 12)
         self.custom = CustomLinear(12)
+        self.twice = TwiceScaled(12)
         self.norm = nn.LayerNorm(12)
         self.out = nn.Linear(12, VOCAB, bias=False)
         self.out.weight = self.embedding.weight
@@ -55,7 +68,7 @@ class TiedLM(nn.Module):
         x = self.embedding(tokens)
         x = x + torch.tanh(self.block(x))
         x = x + torch.tanh(self.block(x))
-        return self.out(self.norm(self.custom(x)))
+        return self.out(self.norm(self.twice(self.custom(x))))
 
 
 def lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -23,12 +23,14 @@ none).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.graph import GradientEdge, Node
 
 
 @dataclass(eq=False)
@@ -42,10 +44,24 @@ class Piece:
     grads: list[torch.Tensor | None] = field(default_factory=list)  # of `outputs`
     reads: list[torch.Tensor] = field(default_factory=list)  # earlier pieces' cut leaves
     params: list[nn.Parameter] = field(default_factory=list)  # weights this piece uses
+    # Where dW starts without redoing the dX chain; None: from the outputs (see `_plan`).
+    branches: list[_Branch] | None = None
 
     @property
     def has_grad(self) -> bool:
         return any(grad is not None for grad in self.grads)
+
+
+@dataclass(eq=False)
+class _Branch:
+    """Weights hanging off one node of the dX chain (or off an output the chain never
+    passes): their gradient needs only that node's incoming gradient, which the dX pass
+    computes anyway and a pre-hook keeps (PyTorch's pipelining keeps it the same way)."""
+
+    node: Node
+    params: list[nn.Parameter]
+    output: torch.Tensor | None = None  # set when the node is an output's own grad_fn
+    grads: tuple[torch.Tensor | None, ...] = ()
 
 
 class GraphCut:
@@ -104,10 +120,18 @@ class GraphCut:
         """
         top = Piece(len(self._pieces), None, [loss], [], grads=[torch.ones_like(loss)])
         pieces = [*self._pieces, top]
+        consumers: dict[Node, int] = {}
         for piece in pieces:
-            piece.reads, piece.params = self._reached(piece.outputs)
+            self._plan(piece)
+            for branch in piece.branches or []:
+                consumers[branch.node] = consumers.get(branch.node, 0) + 1
             if piece is not top:
                 piece.grads = [None] * len(piece.outputs)
+        for piece in pieces:
+            # A node two pieces reach gets a share from each: only a dW from the
+            # outputs splits it correctly.
+            if any(consumers[branch.node] > 1 for branch in piece.branches or []):
+                piece.branches = None
         return pieces
 
     def backward_input(
@@ -128,18 +152,42 @@ class GraphCut:
         """Accumulate `piece`'s weight gradients into the parameters' `.grad`."""
         if not piece.params or not piece.has_grad:
             return
-        outputs, grads = _with_grad(piece)
         # Graphs are freed with the pieces at the next forward: a node may be shared by
         # two pieces' dX passes, so none may free it early.
-        torch.autograd.backward(outputs, grads, inputs=piece.params, retain_graph=True)
+        if piece.branches is None:
+            outputs, grads = _with_grad(piece)
+            torch.autograd.backward(outputs, grads, inputs=piece.params, retain_graph=True)
+            return
+        for branch in piece.branches:
+            if branch.output is not None:
+                index = next(i for i, out in enumerate(piece.outputs) if out is branch.output)
+                branch.grads = (piece.grads[index],)
+            edges = [
+                GradientEdge(branch.node, i) for i, g in enumerate(branch.grads) if g is not None
+            ]
+            grads = [g for g in branch.grads if g is not None]
+            if edges:
+                # One call per branch: a call from two branches could reach the lower
+                # one's weights through the upper one as well and count them twice.
+                torch.autograd.backward(edges, grads, inputs=branch.params, retain_graph=True)
+            branch.grads = ()
 
     def _propagate(self, piece: Piece) -> None:
         if not piece.reads or not piece.has_grad:
             return
         outputs, grads = _with_grad(piece)
-        read_grads = torch.autograd.grad(
-            outputs, piece.reads, grads, retain_graph=True, allow_unused=True
-        )
+        handles = [
+            branch.node.register_prehook(functools.partial(_keep, branch))
+            for branch in piece.branches or []
+            if branch.output is None
+        ]
+        try:
+            read_grads = torch.autograd.grad(
+                outputs, piece.reads, grads, retain_graph=True, allow_unused=True
+            )
+        finally:
+            for handle in handles:
+                handle.remove()
         for leaf, grad in zip(piece.reads, read_grads, strict=True):
             if grad is None:
                 continue
@@ -147,26 +195,67 @@ class GraphCut:
             previous = owner.grads[position]
             owner.grads[position] = grad if previous is None else previous + grad
 
-    def _reached(self, roots: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[nn.Parameter]]:
-        """The cut leaves and the parameters `roots` depend on, within their piece."""
-        reads: list[torch.Tensor] = []
-        params: list[nn.Parameter] = []
-        seen: set[Any] = set()
-        stack = [root.grad_fn for root in roots if root.grad_fn is not None]
+    def _plan(self, piece: Piece) -> None:
+        """Find the cut leaves and weights `piece` reads, and where its dW can start.
+
+        A node is on the dX chain if a cut leaf is below it. Every weight hangs off the
+        chain at some node (its branch) or below an output the chain does not pass. A
+        weight found under two branches (used twice within the piece) makes the piece
+        fall back to a dW from its outputs, which redoes the chain but counts right.
+        """
+        below: dict[Node, tuple[bool, frozenset[int]]] = {}  # reaches a read; weight ids
+        reads: dict[int, torch.Tensor] = {}
+        roots = [out.grad_fn for out in piece.outputs if out.grad_fn is not None]
+        stack: list[tuple[Node, bool]] = [(root, False) for root in roots]
         while stack:
-            node = stack.pop()
-            if node in seen:
+            node, expanded = stack.pop()
+            if node in below:
                 continue
-            seen.add(node)
             variable = getattr(node, "variable", None)  # set on AccumulateGrad nodes
             if variable is not None:
-                if id(variable) in self._owner:
-                    reads.append(variable)
-                elif id(variable) in self._params:
-                    params.append(self._params[id(variable)])
+                is_read = id(variable) in self._owner
+                if is_read:
+                    reads[id(variable)] = variable
+                weight = id(variable) in self._params and not is_read
+                below[node] = (is_read, frozenset([id(variable)]) if weight else frozenset())
                 continue
-            stack.extend(next_node for next_node, _ in node.next_functions if next_node)
-        return reads, params
+            children = [child for child, _ in node.next_functions if child is not None]
+            if not expanded:
+                stack.append((node, True))
+                stack.extend((child, False) for child in children if child not in below)
+                continue
+            below[node] = (
+                any(below[child][0] for child in children),
+                frozenset().union(*(below[child][1] for child in children)),
+            )
+        piece.reads = list(reads.values())
+        piece.params = [
+            self._params[i] for i in frozenset().union(*(ids for _, ids in below.values()))
+        ]
+        branches: list[_Branch] = []
+        for out in piece.outputs:
+            root = out.grad_fn
+            if root is not None and not below[root][0] and below[root][1]:
+                branches.append(_Branch(root, self._weights(below[root][1]), output=out))
+        for node, (on_chain, _) in below.items():
+            if not on_chain or getattr(node, "variable", None) is not None:
+                continue
+            hanging = [
+                below[child][1]
+                for child, _ in node.next_functions
+                if child is not None and not below[child][0] and below[child][1]
+            ]
+            if hanging:
+                branches.append(_Branch(node, self._weights(frozenset().union(*hanging))))
+        counted = sum(len(branch.params) for branch in branches)
+        piece.branches = branches if counted == len(piece.params) else None
+
+    def _weights(self, ids: frozenset[int]) -> list[nn.Parameter]:
+        return [self._params[i] for i in ids]
+
+
+def _keep(branch: _Branch, grad_outputs: tuple[torch.Tensor | None, ...]) -> None:
+    branch.grads = tuple(grad_outputs)
 
 
 def _needs_grad(item: Any) -> bool:
