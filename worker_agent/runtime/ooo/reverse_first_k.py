@@ -92,6 +92,11 @@ class ReverseFirstK:
     def first_k(self) -> int:
         return len(self.layers) if self._first_k is None else min(self._first_k, len(self.layers))
 
+    def first_k_of_stages(self, stages: Sequence[nn.Module], k: int) -> None:
+        """Make k the layers of the first `k` stages: `choose_first_k` counts stages."""
+        inside = {id(p) for stage in stages[:k] for p in stage.parameters()}
+        self._first_k = sum(all(id(p) in inside for p in layer.params) for layer in self.layers)
+
     def set_contributors(
         self, stages: Sequence[nn.Module], contributors: Sequence[frozenset[int]]
     ) -> None:
