@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from scheduler import spb
+from scheduler.jobspec import SPBConfig
 from tests.ooo_gang import run_on_gang
 from tests.ooo_models import CASES
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
@@ -104,3 +107,58 @@ def test_reverse_first_k_trains_like_ddp_and_updates_each_layer_before_its_forwa
 ) -> None:
     problems = run_on_gang(world_size, _compare_with_ddp, cases, [None, 2])
     assert problems == []
+
+
+class _PartialSequential(torch.nn.Sequential):
+    """A structured partial backprop worker: no graph, hence no dW, below its depth."""
+
+    def __init__(self, layers: list[torch.nn.Module], depth: int) -> None:
+        super().__init__(*layers)
+        self.frozen = len(layers) - depth
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for index, layer in enumerate(self):
+            with torch.set_grad_enabled(index >= self.frozen and torch.is_grad_enabled()):
+                x = layer(x)
+        return x
+
+
+def _spb_partial_worker() -> float:
+    """Rank 0 trains 3 stages, rank 1 the top 2; returns the largest deviation from SPB's
+    semantics: each stage's gradient is the mean over the ranks that train it."""
+    depths = spb.worker_depths(SPBConfig(full_fraction=0.5, partial_depth=0.67), 2, 3)
+    assert depths == (3, 2)
+    stage_contributors = spb.contributors(depths, 3)
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(6, 6), torch.nn.Linear(6, 6), torch.nn.Linear(6, 1)]
+    reference = torch.nn.Sequential(*copy.deepcopy(layers))
+    model = _PartialSequential(copy.deepcopy(layers), depths[dist.get_rank()])
+    schedule = ReverseFirstK(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    schedule.set_contributors(list(model), stage_contributors)
+    batches = {
+        rank: [(torch.randn(4, 6, generator=g), torch.randn(4, 1, generator=g)) for _ in range(2)]
+        for rank in range(2)
+        for g in [torch.Generator().manual_seed(rank)]
+    }
+    for step in range(2):
+        x, y = batches[dist.get_rank()][step]
+        schedule.backward(F.mse_loss(model(x), y))
+        # What SPB means, computed in one process from both ranks' batches.
+        grads = []
+        for rank in range(2):
+            reference.zero_grad()
+            F.mse_loss(reference(batches[rank][step][0]), batches[rank][step][1]).backward()
+            grads.append([p.grad.clone() for p in reference.parameters()])
+        with torch.no_grad():
+            for index, p in enumerate(reference.parameters()):
+                ranks = stage_contributors[index // 2]  # weight and bias per stage
+                p -= 0.1 * sum(grads[r][index] for r in ranks) / len(ranks)
+    schedule.flush()
+    return max(
+        (a - b).abs().max().item()
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+
+
+def test_a_partial_worker_receives_the_contributors_mean_of_the_stages_below_its_cut() -> None:
+    assert run_on_gang(2, _spb_partial_worker) < 1e-6

@@ -75,6 +75,7 @@ class ReverseFirstK:
         self._layers: list[Layer] | None = None
         self._layer_of_module: dict[nn.Module, Layer] = {}
         self._layer_of_param: dict[int, Layer] = {}
+        self._stage_contributors: tuple[list[nn.Module], list[frozenset[int]]] | None = None
         for module in model.modules():
             module.register_forward_pre_hook(self._before_forward)
         # Same start everywhere, as DDP's constructor does.
@@ -100,13 +101,21 @@ class ReverseFirstK:
     def set_contributors(
         self, stages: Sequence[nn.Module], contributors: Sequence[frozenset[int]]
     ) -> None:
-        """Average each layer over the ranks that train its stage (SPB)."""
+        """From the next backward on, average each layer over the ranks that train its
+        stage (SPB's `contributors`); the others send zeros and receive that mean."""
+        self._stage_contributors = (list(stages), list(contributors))
+
+    def _apply_contributors(self) -> None:
+        if self._stage_contributors is None:
+            return
+        stages, contributors = self._stage_contributors
         stage_of = {id(p): s for s, stage in enumerate(stages) for p in stage.parameters()}
         for layer in self.layers:
             ranks = {contributors[stage_of[id(p)]] for p in layer.params}
             if len(ranks) != 1:
                 raise ValueError(f"layer {layer.index} spans stages trained by {ranks}")
             layer.contributors = ranks.pop()
+        self._stage_contributors = None
 
     # -------------------------------------------------------------- the loop's calls
 
@@ -117,6 +126,7 @@ class ReverseFirstK:
 
     def backward(self, loss: torch.Tensor) -> None:
         layers = self._learn_layers()
+        self._apply_contributors()
         k = self.first_k
         pieces = self._cut.collect(loss)
         # Every dW a layer waits for is counted before any layer may be launched.
