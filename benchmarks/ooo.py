@@ -3,18 +3,20 @@
   * single-device: standard backward vs the deferred-dW schedule (one process, CPU);
   * data-parallel: DDP vs reverse first-k on `--workers` gloo processes, on a
     communication-heavy MLP (large layers, small per-rank batch);
-  * pipeline: GPipe vs 1F1B vs zero-bubble on 4 gloo pipeline stages of a transformer.
+  * pipeline: GPipe vs 1F1B vs zero-bubble on `--pipeline-stages` (4) gloo pipeline
+    stages of a transformer.
 
 Schedules alternate within each repetition (the order flips every repetition, so drift
 hits all alike) and every process runs the same iterations. Figures are medians over
 repetitions of time per iteration; `speedup` is the baseline's median over the
-schedule's. `bubble_fraction` is measured, not modelled: for the pipeline, one minus the
-time each stage spent inside its forward / input-backward / weight-backward calls over
-the step's wall time (timestamps around each call), averaged over stages; elsewhere,
-one minus the training thread's CPU time over wall time (idle = waiting on
-communication or descheduled), averaged over ranks.
+schedule's, `speedup_min` / `speedup_max` the range of the per-repetition ratios.
+`bubble_fraction` is measured, not modelled: for the pipeline, one minus the time each
+stage spent inside its forward / input-backward / weight-backward calls over the step's
+wall time (timestamps around each call), averaged over stages; elsewhere, one minus the
+training thread's CPU time over wall time (idle = waiting on communication or
+descheduled), averaged over ranks.
 
-    python -m benchmarks.ooo [--workers 4] [--repeats 3] [--json]
+    python -m benchmarks.ooo [--workers 4] [--pipeline-stages 4] [--repeats 3] [--json]
 """
 
 from __future__ import annotations
@@ -44,7 +46,6 @@ from worker_agent.runtime.ooo.schedules import (
 )
 from worker_agent.runtime.workloads.nets import TransformerLM
 
-PIPELINE_STAGES = 4
 VOCAB, SEQ = 512, 64
 
 # setting -> schedule -> per-repetition (seconds per iteration, bubble fraction)
@@ -236,6 +237,9 @@ def _rows(setting: str, baseline: str, timings: Timings, workers: int) -> list[d
     rows = []
     for schedule, values in timings.items():
         seconds = statistics.median(s for s, _ in values)
+        # Within a repetition the schedules ran back to back: their ratio is the least
+        # disturbed by other load on the machine, and its spread shows that load.
+        paired = sorted(b / s for (b, _), (s, _) in zip(timings[baseline], values, strict=True))
         rows.append(
             {
                 "setting": setting,
@@ -244,6 +248,8 @@ def _rows(setting: str, baseline: str, timings: Timings, workers: int) -> list[d
                 "processes": workers,
                 "ms/it": 1000 * seconds,
                 "speedup": base / seconds,
+                "speedup_min": paired[0],
+                "speedup_max": paired[-1],
                 "bubble_fraction": statistics.median(b for _, b in values),
             }
         )
@@ -263,8 +269,9 @@ def main() -> None:
     parser.add_argument(
         "--first-k", type=int, nargs="+", default=[0, 2], help="k values; 0 means all layers"
     )
+    parser.add_argument("--pipeline-stages", type=int, default=4, help="processes")
     parser.add_argument("--pipeline-layers", type=int, default=8)
-    parser.add_argument("--pipeline-batch", type=int, default=32)
+    parser.add_argument("--pipeline-batch", type=int, default=64)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument(
         "--settings",
@@ -276,6 +283,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.workers < 2 or args.repeats < 1 or args.iterations < 1:
         parser.error("need --workers >= 2, --repeats >= 1 and --iterations >= 1")
+    if not 2 <= args.pipeline_stages <= args.pipeline_layers:
+        parser.error("need 2 <= --pipeline-stages <= --pipeline-layers")
 
     rows: list[dict[str, Any]] = []
     if "single-device" in args.settings:
@@ -286,7 +295,8 @@ def main() -> None:
             "data-parallel", "ddp", _gang(args.workers, _data_parallel, args), args.workers
         )
     if "pipeline" in args.settings:
-        rows += _rows("pipeline", "gpipe", _gang(PIPELINE_STAGES, _pipeline, args), PIPELINE_STAGES)
+        stages = args.pipeline_stages
+        rows += _rows("pipeline", "gpipe", _gang(stages, _pipeline, args), stages)
     emit(rows, "Out-of-order backprop vs baselines (medians)", args.json)
 
 

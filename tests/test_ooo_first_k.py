@@ -4,7 +4,9 @@ otherwise delay the next forward, and not when communication is free."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
+from scheduler.jobspec import JobSpec
 from scheduler.spb import SPBProfile, StageProfile
 from worker_agent.runtime.ooo.first_k import choose_first_k, iteration_seconds
 
@@ -38,3 +40,10 @@ def test_free_communication_keeps_the_standard_order() -> None:
 def test_nonsense_is_refused() -> None:
     with pytest.raises(ValueError, match="workers"):
         choose_first_k(_profile(2), 1, 1.0)
+
+
+def test_a_job_spec_refuses_a_k_below_one_with_the_field_named() -> None:
+    spec = {"name": "j", "workload": "digits-mlp", "max_iterations": 1, "backprop": "ooo"}
+    assert JobSpec.model_validate({**spec, "ooo_first_k": 3}).ooo_first_k == 3
+    with pytest.raises(ValidationError, match="ooo_first_k"):
+        JobSpec.model_validate({**spec, "ooo_first_k": 0})
