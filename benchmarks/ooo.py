@@ -14,7 +14,8 @@ schedule's, `speedup_min` / `speedup_max` the range of the per-repetition ratios
 stage spent inside its forward / input-backward / weight-backward calls over the step's
 wall time (timestamps around each call), averaged over stages; elsewhere, one minus the
 training thread's CPU time over wall time (idle = waiting on communication or
-descheduled), averaged over ranks.
+descheduled), averaged over ranks. `cpu ms/it` is the CPU time of all processes'
+training threads per iteration: the work a schedule costs, whatever overlaps.
 
     python -m benchmarks.ooo [--workers 4] [--pipeline-stages 4] [--repeats 3] [--json]
 """
@@ -27,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -48,8 +49,17 @@ from worker_agent.runtime.workloads.nets import TransformerLM
 
 VOCAB, SEQ = 512, 64
 
-# setting -> schedule -> per-repetition (seconds per iteration, bubble fraction)
-Timings = dict[str, list[tuple[float, float]]]
+
+class Sample(NamedTuple):
+    """One repetition of one schedule."""
+
+    seconds: float  # per iteration
+    bubble: float  # idle fraction
+    cpu_seconds: float  # per iteration, training threads of all processes together
+
+
+# setting -> schedule -> one sample per repetition
+Timings = dict[str, list[Sample]]
 
 
 def _transformer(layers: int) -> TransformerLM:
@@ -75,16 +85,14 @@ def _mlp(width: int, layers: int) -> nn.Sequential:
     return nn.Sequential(*blocks, nn.Linear(width, 10))
 
 
-def _timed(
-    iterations: int, step: Callable[[], None], finish: Callable[[], None]
-) -> tuple[float, float]:
-    """Seconds per iteration and the thread's idle fraction over `iterations` steps."""
+def _timed(iterations: int, step: Callable[[], None], finish: Callable[[], None]) -> Sample:
+    """This process's sample over `iterations` steps: idle is the thread not on a CPU."""
     wall, cpu = time.perf_counter(), time.thread_time()
     for _ in range(iterations):
         step()
     finish()
     wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    return wall / iterations, max(0.0, 1 - cpu / wall)
+    return Sample(wall / iterations, max(0.0, 1 - cpu / wall), cpu / iterations)
 
 
 def _single_device(args: argparse.Namespace) -> Timings:
@@ -146,7 +154,7 @@ def _data_parallel(args: argparse.Namespace) -> Timings:
             for _ in range(args.warmup):
                 step()
             finish()
-            timings[name].append(_mean_over_ranks(_timed(args.iterations, step, finish)))
+            timings[name].append(_over_ranks(_timed(args.iterations, step, finish)))
     return timings
 
 
@@ -167,21 +175,25 @@ def _pipeline(args: argparse.Namespace) -> Timings:
                 trainer.step(inputs, targets)
             dist.barrier()
             trainer.busy.reset()
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.thread_time()
             for _ in range(args.iterations):
                 trainer.step(inputs, targets)
             dist.barrier()
-            wall = time.perf_counter() - start
-            seconds, busy = _mean_over_ranks((wall / args.iterations, trainer.busy.seconds / wall))
-            timings[name].append((seconds, 1 - busy))
+            wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+            # Idle here is time outside the stage's compute calls, from their timestamps.
+            sample = Sample(
+                wall / args.iterations, 1 - trainer.busy.seconds / wall, cpu / args.iterations
+            )
+            timings[name].append(_over_ranks(sample))
     return timings
 
 
-def _mean_over_ranks(values: tuple[float, float]) -> tuple[float, float]:
-    summed = torch.tensor(values, dtype=torch.float64)
+def _over_ranks(sample: Sample) -> Sample:
+    """Time and idle fraction averaged over the ranks, CPU time summed."""
+    summed = torch.tensor(sample, dtype=torch.float64)
     dist.all_reduce(summed)
-    mean = summed / dist.get_world_size()
-    return float(mean[0]), float(mean[1])
+    world_size = dist.get_world_size()
+    return Sample(float(summed[0]) / world_size, float(summed[1]) / world_size, float(summed[2]))
 
 
 def _gang(
@@ -233,13 +245,15 @@ def _member(
 
 
 def _rows(setting: str, baseline: str, timings: Timings, workers: int) -> list[dict[str, Any]]:
-    base = statistics.median(seconds for seconds, _ in timings[baseline])
+    base = statistics.median(sample.seconds for sample in timings[baseline])
     rows = []
     for schedule, values in timings.items():
-        seconds = statistics.median(s for s, _ in values)
+        seconds = statistics.median(sample.seconds for sample in values)
         # Within a repetition the schedules ran back to back: their ratio is the least
         # disturbed by other load on the machine, and its spread shows that load.
-        paired = sorted(b / s for (b, _), (s, _) in zip(timings[baseline], values, strict=True))
+        paired = sorted(
+            b.seconds / s.seconds for b, s in zip(timings[baseline], values, strict=True)
+        )
         rows.append(
             {
                 "setting": setting,
@@ -250,7 +264,8 @@ def _rows(setting: str, baseline: str, timings: Timings, workers: int) -> list[d
                 "speedup": base / seconds,
                 "speedup_min": paired[0],
                 "speedup_max": paired[-1],
-                "bubble_fraction": statistics.median(b for _, b in values),
+                "bubble_fraction": statistics.median(sample.bubble for sample in values),
+                "cpu ms/it": 1000 * statistics.median(sample.cpu_seconds for sample in values),
             }
         )
     return rows
