@@ -14,8 +14,9 @@ schedule's, `speedup_min` / `speedup_max` the range of the per-repetition ratios
 stage spent inside its forward / input-backward / weight-backward calls over the step's
 wall time (timestamps around each call), averaged over stages; elsewhere, one minus the
 training thread's CPU time over wall time (idle = waiting on communication or
-descheduled), averaged over ranks. `cpu ms/it` is the CPU time of all processes'
-training threads per iteration: the work a schedule costs, whatever overlaps.
+descheduled), averaged over ranks. `cpu ms/it` is the CPU time of all processes
+(gloo's threads included) per iteration: the work a schedule costs, whatever overlaps;
+set against the machine's cores x `ms/it` it shows whether idle time could be used.
 
     python -m benchmarks.ooo [--workers 4] [--pipeline-stages 4] [--repeats 3] [--json]
 """
@@ -55,7 +56,7 @@ class Sample(NamedTuple):
 
     seconds: float  # per iteration
     bubble: float  # idle fraction
-    cpu_seconds: float  # per iteration, training threads of all processes together
+    cpu_seconds: float  # per iteration, all threads (gloo's too) of all processes
 
 
 # setting -> schedule -> one sample per repetition
@@ -86,13 +87,15 @@ def _mlp(width: int, layers: int) -> nn.Sequential:
 
 
 def _timed(iterations: int, step: Callable[[], None], finish: Callable[[], None]) -> Sample:
-    """This process's sample over `iterations` steps: idle is the thread not on a CPU."""
-    wall, cpu = time.perf_counter(), time.thread_time()
+    """This process's sample over `iterations` steps: idle is the training thread not
+    on a CPU."""
+    wall, thread, cpu = time.perf_counter(), time.thread_time(), time.process_time()
     for _ in range(iterations):
         step()
     finish()
-    wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
-    return Sample(wall / iterations, max(0.0, 1 - cpu / wall), cpu / iterations)
+    wall, thread = time.perf_counter() - wall, time.thread_time() - thread
+    cpu = time.process_time() - cpu
+    return Sample(wall / iterations, max(0.0, 1 - thread / wall), cpu / iterations)
 
 
 def _single_device(args: argparse.Namespace) -> Timings:
@@ -127,7 +130,7 @@ def _data_parallel(args: argparse.Namespace) -> Timings:
         torch.randn(args.dp_batch, args.dp_width, generator=generator),
         torch.randint(10, (args.dp_batch,), generator=generator),
     )
-    names = ["ddp", *(f"reverse first-k (k={k})" for k in args.first_k)]
+    names = ["ddp", *(f"reverse first-k (k={k or 'all'})" for k in args.first_k)]
     timings: Timings = {name: [] for name in names}
     for repeat in range(args.repeats):
         for name in names if repeat % 2 == 0 else reversed(names):
@@ -175,11 +178,11 @@ def _pipeline(args: argparse.Namespace) -> Timings:
                 trainer.step(inputs, targets)
             dist.barrier()
             trainer.busy.reset()
-            start, cpu = time.perf_counter(), time.thread_time()
+            start, cpu = time.perf_counter(), time.process_time()
             for _ in range(args.iterations):
                 trainer.step(inputs, targets)
             dist.barrier()
-            wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             # Idle here is time outside the stage's compute calls, from their timestamps.
             sample = Sample(
                 wall / args.iterations, 1 - trainer.busy.seconds / wall, cpu / args.iterations

@@ -50,10 +50,6 @@ class Layer:
     buffer: torch.Tensor | None = None
     applied: int = 0  # updates applied so far (instrumentation for tests and timing)
 
-    @property
-    def pending(self) -> bool:
-        return self.buffer is not None
-
 
 @dataclass
 class _Iteration:
@@ -86,7 +82,7 @@ class ReverseFirstK:
     @property
     def layers(self) -> list[Layer]:
         if self._layers is None:
-            raise RuntimeError("layers are known after the first forward pass")
+            raise RuntimeError("layers are known after the first backward")
         return self._layers
 
     @property
@@ -221,20 +217,19 @@ class ReverseFirstK:
     def _learn_layers(self) -> list[Layer]:
         if self._layers is not None:
             return self._layers
-        called = set(self._called)
-        params_of: dict[nn.Module, list[nn.Parameter]] = {module: [] for module in self._called}
+        first_calls = list(dict.fromkeys(self._called))  # a module called twice: its first
+        called = set(first_calls)
+        layers: list[Layer] = []
         seen: set[int] = set()
-        # A parameter belongs to its owner if called, else to the nearest called ancestor.
-        order = {module: i for i, module in enumerate(self._called)}
-        for module in self._called:
+        for module in first_calls:
+            # A parameter belongs to its owner if called, else to the nearest called
+            # ancestor, and to the first layer that uses it.
+            own: list[nn.Parameter] = []
             for owner in _owners_within(module, called):
                 for p in owner.parameters(recurse=False):
-                    if p.requires_grad:
-                        params_of[module].append(p)
-        layers: list[Layer] = []
-        for module in sorted(self._called, key=order.__getitem__):
-            own = [p for p in params_of[module] if id(p) not in seen]
-            seen.update(id(p) for p in own)
+                    if p.requires_grad and id(p) not in seen:
+                        seen.add(id(p))
+                        own.append(p)
             if own:
                 layers.append(Layer(len(layers), module, own))
         self._layers = layers
