@@ -40,7 +40,9 @@ class Piece:
     index: int  # in forward order; the loss's piece is last
     module: nn.Module | None  # None for the loss's piece
     outputs: list[torch.Tensor]  # as autograd computed them
-    cut: list[torch.Tensor]  # the detached leaves the rest of the forward read instead
+    # The detached leaves the rest of the forward read instead (held: `GraphCut` knows
+    # them by id, which must not be reused while the piece lives).
+    cut: list[torch.Tensor]
     grads: list[torch.Tensor | None] = field(default_factory=list)  # of `outputs`
     reads: list[torch.Tensor] = field(default_factory=list)  # earlier pieces' cut leaves
     params: list[nn.Parameter] = field(default_factory=list)  # weights this piece uses
@@ -72,20 +74,10 @@ class GraphCut:
         # Which piece a cut leaf belongs to and at which output position.
         self._owner: dict[int, tuple[Piece, int]] = {}
         self._params = {id(p): p for p in model.parameters() if p.requires_grad}
-        self._handles = [model.register_forward_pre_hook(self._begin)]
-        self._handles += [
-            module.register_forward_hook(self._cut_output)
-            for module in model.modules()
-            if any(True for _ in module.parameters(recurse=False))
-        ]
-
-    @property
-    def pieces(self) -> list[Piece]:
-        return self._pieces
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
+        model.register_forward_pre_hook(self._begin)
+        for module in model.modules():
+            if any(True for _ in module.parameters(recurse=False)):
+                module.register_forward_hook(self._cut_output)
 
     def _begin(self, module: nn.Module, args: Any) -> None:
         if torch.is_grad_enabled():
