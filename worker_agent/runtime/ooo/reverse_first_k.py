@@ -12,7 +12,9 @@ A layer is a module that owns parameters and is called in the forward pass (its
 never-called children's parameters, like MultiheadAttention's out_proj, are its own). A
 parameter several layers use is updated before the first of them. Layers are learned
 from the first forward pass, so every rank must call the same modules in the same
-order, as data parallelism already requires.
+order, as data parallelism already requires. A module that reads another module's
+parameter before that one runs would see it updated under its feet: autograd then
+refuses the backward (an in-place modification), it is never silently wrong.
 
 DDP cannot be used underneath: its reducer expects every gradient from one
 `backward()` (split backward bypasses it, pytorch#144530), and it buckets in reverse
