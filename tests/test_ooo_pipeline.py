@@ -33,16 +33,20 @@ def _sgd(params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.5, momentum=0.9)
 
 
-def _losses_per_schedule() -> dict[str, list[float]]:
+def _losses_per_schedule() -> tuple[dict[str, list[float]], dict[str, set[str]]]:
     """Every rank trains its stage under each schedule; the last stage reports losses,
-    sent to rank 0, which adds those of one process training the whole model."""
+    sent to rank 0, which adds those of one process training the whole model. Also
+    which compute calls rank 0's stage made (F, B = full backward or its input part,
+    W = weight part)."""
     losses: dict[str, list[float]] = {}
+    calls: dict[str, set[str]] = {}
     for schedule in PIPELINE_SCHEDULES:
         trainer = PipelineTrainer(_model(), schedule, MICROBATCHES, _sgd, torch.device("cpu"))
         steps = [trainer.step(inputs, targets) for inputs, targets in _batches()]
         reported = torch.tensor([s if s is not None else 0.0 for s in steps])
         dist.all_reduce(reported)  # only the last stage's are non-zero
         losses[schedule] = reported.tolist()
+        calls[schedule] = {kind for kind, _, _ in trainer.busy.intervals}
     model = _model()
     optimizer = _sgd(list(model.parameters()))
     losses["one process"] = []
@@ -52,11 +56,13 @@ def _losses_per_schedule() -> dict[str, list[float]]:
         loss.backward()
         optimizer.step()
         losses["one process"].append(loss.item())
-    return losses
+    return losses, calls
 
 
 def test_zero_bubble_trains_the_transformer_to_gpipes_losses_on_four_stages() -> None:
-    losses = run_on_gang(4, _losses_per_schedule)
+    losses, calls = run_on_gang(4, _losses_per_schedule)
+    # Only zero-bubble runs weight gradients as separate work.
+    assert calls == {"gpipe": {"F", "B"}, "1f1b": {"F", "B"}, "zero-bubble": {"F", "B", "W"}}
     reference = losses["one process"]
     assert reference[-1] < reference[0] - 0.1  # it learns: equal losses are not constant ones
     for schedule in PIPELINE_SCHEDULES:
