@@ -183,6 +183,13 @@ class ReverseFirstK:
             state.launched += 1
 
     def _launch(self, layer: Layer) -> None:
+        if layer.buffer is not None:
+            # The last forward skipped this layer's module: its previous update is still
+            # pending. Apply it, keeping the gradient just computed for this exchange.
+            current = [p.grad for p in layer.params]
+            self._apply(layer)
+            for p, grad in zip(layer.params, current, strict=True):
+                p.grad = grad
         contributing = layer.contributors is None or self._rank in layer.contributors
         grads = [
             p.grad.reshape(-1) if p.grad is not None and contributing else p.new_zeros(p.numel())
