@@ -103,6 +103,14 @@ class JobSpec(StrictModel):
     backprop: Literal["standard", "ooo"] = Field(
         default="standard", description="Backprop schedule: standard or out-of-order."
     )
+    ooo_first_k: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="With backprop ooo on several workers: how many layers from the input "
+        "compute weight gradients after the output-gradient chain (reverse first-k); "
+        "null: all of them.",
+    )
     max_retries: int = Field(
         default=0, ge=0, le=10, description="Relaunches after a training process crashes."
     )
@@ -125,6 +133,10 @@ class JobSpec(StrictModel):
     def _has_stopping_rule(self) -> JobSpec:
         if self.max_iterations is None and self.target_metric is None:
             raise ValueError("set max_iterations, target_metric, or both: a job must end")
+        if self.backprop == "ooo" and self.hyperparameters.optimizer == "kfac":
+            # Reverse first-k applies each layer's update on its own, before that layer's
+            # next forward; K-FAC preconditions every layer in one step. Not combined yet.
+            raise ValueError("backprop: ooo does not work with optimizer: kfac yet")
         if (
             isinstance(self.spb, SPBConfig)
             and self.spb.stages is not None

@@ -70,3 +70,10 @@ def test_job_must_have_a_stopping_rule() -> None:
 def test_batch_smaller_than_workers_is_refused() -> None:
     errors = _error_locs({**BASE, "workers": 8, "hyperparameters": {"batch_size": 4}})
     assert any("every worker" in msg for _, msg in errors)
+
+
+def test_out_of_order_backprop_with_kfac_is_refused() -> None:
+    errors = _error_locs(
+        {**BASE, "backprop": "ooo", "hyperparameters": {"optimizer": "kfac", "learning_rate": 0.1}}
+    )
+    assert errors == [("", "Value error, backprop: ooo does not work with optimizer: kfac yet")]

@@ -293,3 +293,35 @@ def test_reconfiguring_full_partial_full_keeps_training(tmp_path: Path) -> None:
     wire = [r.bytes_communicated for r in records]
     assert len(set(wire[:4])) == 1 and wire[:4] == wire[10:]
     assert len(set(wire[4:10])) == 1 and wire[4] < wire[0]
+
+
+def test_spb_composes_with_out_of_order_backprop_and_kfac(tmp_path: Path) -> None:
+    partial = {"full_fraction": 0.5, "partial_depth": 0.5}
+    finals = {}
+    for name, fields in (
+        ("spb", {}),
+        # Reverse first-k averages each layer over its stage's contributors: the same
+        # gradients as SPB's own exchange, applied later.
+        ("spb+ooo", {"backprop": "ooo"}),
+        # K-FAC's factors of the lower stage come from rank 0 alone.
+        ("spb+kfac", {"hyperparameters": {"batch_size": 64, "optimizer": "kfac"}}),
+    ):
+        directory = tmp_path / name
+        controllers = run_gang(
+            worker_configs(
+                2,
+                max_iterations=6,
+                checkpoint_dir=directory,
+                spb_enabled=True,
+                spb=partial,
+                **{**_LOOP_FIELDS, **fields},
+            )
+        )
+        records = controllers[0].records
+        assert [r.iteration for r in records] == list(range(1, 7))
+        assert all(math.isfinite(r.loss) and r.spb_depth == 0.75 for r in records)
+        finals[name] = _final_parameters(directory)
+    for key, value in finals["spb"].items():
+        torch.testing.assert_close(finals["spb+ooo"][key], value, rtol=1e-5, atol=1e-6)
+    # K-FAC steps differently, but it stepped.
+    assert any(not torch.equal(finals["spb+kfac"][k], v) for k, v in finals["spb"].items())

@@ -351,6 +351,8 @@ class Supervisor:
                     seed=command.job_id,
                     max_iterations=spec.max_iterations,
                     target_metric=spec.target_metric,
+                    backprop=spec.backprop,
+                    ooo_first_k=spec.ooo_first_k,
                     checkpoint_dir=Path(command.checkpoint_dir) if command.checkpoint_dir else None,
                     checkpoint_every=command.checkpoint_every or None,
                     data_dir=self._work_dir / "data",

@@ -65,6 +65,12 @@ class WorkerConfig(BaseModel):
         description="Rank 0 measures the model's per-stage costs before the first iteration "
         "and reports them as the workload's model profile.",
     )
+    backprop: Literal["standard", "ooo"] = Field(
+        default="standard", description="The job spec's backward schedule."
+    )
+    ooo_first_k: int | None = Field(
+        default=None, ge=1, description="The job spec's k of reverse first-k (None: all layers)."
+    )
     report_every_iterations: int = Field(default=10, ge=1)
     report_every_seconds: float = Field(default=1.0, gt=0)
     collective_timeout_seconds: float = Field(

@@ -5,7 +5,9 @@ agree on what to do (`boundary`), so that suspending, stopping or reconfiguring 
 at the same iteration everywhere. Data parallelism is PyTorch's DDP in its standard mode,
 except for jobs that may run structured partial backprop (spec `spb` not `off`): their
 ranks train only the stages above their cut and exchange each stage's gradient among its
-contributors (`spb.partial`) instead of DDP's all-reduce of everything.
+contributors (`spb.partial`) instead of DDP's all-reduce of everything; `backprop: ooo`
+replaces both with an out-of-order schedule (`worker_agent.runtime.ooo`), which averages
+each layer over its stage's contributors when SPB is on.
 """
 
 from __future__ import annotations
@@ -27,11 +29,14 @@ from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
 from worker_agent.runtime.kfac import KFACSGD
+from worker_agent.runtime.kfac.factors import layer_contributors
+from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
+from worker_agent.runtime.ooo.schedules import BackpropSchedule, StandardBackprop, out_of_order
 from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
 from worker_agent.runtime.reporting import ReportBuffer
 from worker_agent.runtime.sampling import DataPosition, ShardedBatches, to_device
 from worker_agent.runtime.spb import stages
-from worker_agent.runtime.spb.partial import PartialBackprop
+from worker_agent.runtime.spb.partial import PartialBackprop, PartialBackpropSchedule
 from worker_agent.runtime.spb.profiler import profile_model
 from worker_agent.runtime.timing import (
     CommMeter,
@@ -137,8 +142,10 @@ class _Training:
         self._net = model  # unwrapped: what evaluation and checkpoints see
         self._clock = DeviceClock(device)
         self._comm = CommMeter(self._clock, config.world_size)
+        # SPB's cut (which stages this rank trains) is independent of who exchanges the
+        # gradients: SPB's own exchange, or an out-of-order schedule's.
         self._partial: PartialBackprop | None = None
-        self._model: nn.Module
+        self._contributor_depths: tuple[int, ...] = ()  # the cut others were last told of
         if config.spb_enabled:
             self._partial = PartialBackprop(
                 stages.build(model, self._trial.stages(model), config.spb_stages),
@@ -147,13 +154,20 @@ class _Training:
                 world_size=config.world_size,
                 config=spb.resolve(config.spb),
             )
-            self._model = model
+        # The one place the backward schedule is chosen: `_step` only drives it.
+        self._backprop: BackpropSchedule
+        self._model: nn.Module = model
+        if config.backprop == "ooo":
+            self._backprop = out_of_order(model, self._optimizer, config.ooo_first_k)
+        elif self._partial is not None:
+            self._backprop = PartialBackpropSchedule(self._partial, self._optimizer, self._clock)
         else:
             ddp = DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None
             )
             ddp.register_comm_hook(self._comm, CommMeter.hook)
             self._model = ddp
+            self._backprop = StandardBackprop(self._optimizer)
         self._batches = ShardedBatches(
             dataset,
             rank=config.rank,
@@ -261,34 +275,50 @@ class _Training:
         self._comm.reset()
         start = self._clock.mark()
         if self._partial is not None:
-            self._partial.begin(self.iteration)
+            self._cut(self._partial.begin(self.iteration))
         batch = to_device(self._batches.next(), self._device)
-        self._optimizer.zero_grad()
+        self._backprop.zero_grad()
         loss = self._trial.loss(self._model, batch)
         if agreeing:
             self._sync.launch(decision, self._target_reached)
-        if loss.requires_grad:  # false only for a rank whose top stage has no parameters
-            loss.backward()
-        # Communication not hidden behind compute: DDP's tail after its last bucket
-        # launch, or SPB's whole exchange, which runs after backward.
-        comm_start = self._comm.last_launch if self._partial is None else self._clock.mark()
-        if self._partial is not None:
-            self._comm.bytes = self._partial.synchronize()
-        comm_end = self._clock.mark()
-        self._optimizer.step()
-        if self._partial is not None:
-            self._partial.after_step()
+        self._backprop.backward(loss)
+        backward_end = self._clock.mark()
+        self._backprop.step()
         end = self._clock.mark()
         if agreeing:
             agreed = self._sync.wait()
         if self._rank0:
             self._clock.synchronize()
-            comm = self._clock.seconds(comm_start, comm_end) if comm_start is not None else 0.0
-            self._reports.add(self._record(start, end, comm, loss.item()))
+            self._reports.add(self._record(start, backward_end, end, loss.item()))
         return agreed
 
-    def _record(self, start: Mark, end: Mark, comm: float, loss: float) -> IterationRecord:
+    def _cut(self, depths: tuple[int, ...]) -> None:
+        """Tell whoever averages per layer which ranks train each stage, when that changes."""
+        assert self._partial is not None
+        if depths == self._contributor_depths:
+            return
+        self._contributor_depths = depths
+        cut = self._partial.stages
+        stage_ranks = spb.contributors(depths, len(cut))
+        if isinstance(self._backprop, ReverseFirstK):
+            self._backprop.set_contributors(cut.modules, stage_ranks)
+        if isinstance(self._optimizer, KFACSGD):
+            kfac = self._optimizer.preconditioner
+            kfac.set_contributors(layer_contributors(kfac.layers, list(cut.modules), stage_ranks))
+
+    def _communication(self, backward_end: Mark) -> tuple[float, int]:
+        """Seconds of the step spent communicating and not hidden behind compute, and the
+        wire bytes sent: DDP's tail after its last bucket launch, or SPB's exchange, which
+        runs after backward. (The out-of-order schedules' is not split out.)"""
+        if isinstance(self._backprop, PartialBackpropSchedule):
+            return self._backprop.exchange_seconds, self._backprop.wire_bytes
+        launch = self._comm.last_launch
+        seconds = self._clock.seconds(launch, backward_end) if launch is not None else 0.0
+        return seconds, self._comm.bytes
+
+    def _record(self, start: Mark, backward_end: Mark, end: Mark, loss: float) -> IterationRecord:
         step = self._clock.seconds(start, end)
+        comm, wire_bytes = self._communication(backward_end)
         return IterationRecord(
             iteration=self.iteration + 1,
             step_seconds=step,
@@ -298,12 +328,13 @@ class _Training:
             loss=loss,
             utilization=self._utilization.sample(),
             peak_memory_bytes=peak_memory_bytes(self._device),
-            bytes_communicated=self._comm.bytes,
+            bytes_communicated=wire_bytes,
             spb_depth=self._partial.depth_fraction if self._partial is not None else None,
         )
 
     def _evaluate(self) -> None:
         model = self._net
+        self._backprop.flush()
         # Evaluation runs on rank 0 alone; it must not perturb rank 0's random streams.
         state = rng.capture()
         model.eval()
@@ -343,6 +374,7 @@ class _Training:
     def _checkpoint(self) -> None:
         """Collective (every rank knows the boundaries that checkpoint)."""
         if self._config.checkpoint_dir is not None:
+            self._backprop.flush()
             checkpoint.save(
                 self._config.checkpoint_dir,
                 model=self._net,
