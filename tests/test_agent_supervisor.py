@@ -177,14 +177,17 @@ def test_suspend_checkpoints_after_a_reconfiguration(
     supervisor: Supervisor, tmp_path: Path
 ) -> None:
     checkpoints = tmp_path / "checkpoints"
-    supervisor.launch(_launch(5, spec={"max_iterations": _BIG}, checkpoint_dir=str(checkpoints)))
+    # spb auto: the scheduler may reconfigure it (a job with spb off ignores it).
+    spec = {"max_iterations": _BIG, "spb": "auto"}
+    supervisor.launch(_launch(5, spec=spec, checkpoint_dir=str(checkpoints)))
     _until(supervisor, _is_report)
     supervisor.reconfigure(5, 1, {"full_fraction": 0.5, "partial_depth": 0.5})
     supervisor.reconfigure(5, 1, {"stale": True})  # not newer: ignored
     _until(
         supervisor,
         lambda m: (
-            isinstance(m, agent_pb2.LogTail) and "configuration version 1 applied" in m.message
+            isinstance(m, agent_pb2.LogTail)
+            and "configuration version 1 applied: spb 0.5/0.5" in m.message
         ),
     )
     supervisor.suspend(5)
