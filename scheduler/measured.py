@@ -25,6 +25,7 @@ through the `(job_id, iteration)` index):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,8 @@ from sqlalchemy.orm import Session
 from scheduler import spb
 from scheduler.jobmodel import JobModel
 from scheduler.orm import IterationMetric, Job, ModelProfile
+
+logger = logging.getLogger(__name__)
 
 RECENT_ITERATIONS = 20
 UNKNOWN_ITERATIONS = 10**12  # JobSpec's ceiling for max_iterations
@@ -115,6 +118,8 @@ def _recent_speeds(
     full: dict[int, _Speed] = {}
     partial: dict[int, _Speed] = {}
     for job_id, is_full, step, comm, peak in rows:
+        if not step or step <= 0:
+            continue  # no time measured: nothing to price the job with
         speed = _Speed(float(step), float(comm), None if peak is None else int(peak))
         (full if is_full else partial)[job_id] = speed
     return full, partial
@@ -130,7 +135,11 @@ def _latest_profiles(session: Session, workloads: set[str]) -> dict[str, spb.SPB
         .where(ModelProfile.workload.in_(sorted(workloads)))
         .order_by(ModelProfile.created_at, ModelProfile.id)
     ):
-        latest[workload] = spb.SPBProfile.from_json(data)  # later rows replace earlier
+        try:
+            latest[workload] = spb.SPBProfile.from_json(data)  # later rows replace earlier
+        except (KeyError, TypeError, ValueError):
+            # One bad row must not stop every round: the job is priced without it.
+            logger.warning("model profile of %r is malformed; ignored", workload)
     return latest
 
 

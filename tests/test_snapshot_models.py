@@ -19,7 +19,7 @@ from scheduler.models.jobs import submit
 from scheduler.models.metrics import record
 from scheduler.models.profiles import save_profile
 from scheduler.models.users import Principal, get_or_create_user
-from scheduler.orm import GPU, Allocation, Job
+from scheduler.orm import GPU, Allocation, Job, ModelProfile
 from scheduler.policies import jigsaw
 from scheduler.snapshot import ClusterSnapshot, build_snapshot
 from scheduler.spb import SPBProfile, StageProfile, config_key
@@ -220,3 +220,22 @@ def test_jigsaw_on_the_cluster_gives_spb_only_to_auto_jobs(factory: sessionmaker
         jobs["off"]: {},
         jobs["fixed"]: spb.as_json(quarter),
     }
+
+
+def test_bad_measurements_leave_a_job_unpriced_not_the_round_broken(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 4})
+    with transaction(factory) as session:
+        save_profile(session, spb_profile(), "H100")
+        # A later row that does not parse is skipped: the earlier profile stands.
+        session.add(ModelProfile(workload="digits-mlp", key="broken", data={"stages": 3}))
+    unmeasured = add_job(factory, spb="auto")
+    report(factory, unmeasured, range(0, 5), step=0.0, comm=0.0)
+    measured = add_job(factory, spb="auto")
+    report(factory, measured, range(0, 5), step=2.0, comm=1.5)
+
+    models = {job.id: job.model for job in snapshot(factory).jobs}
+    assert models[unmeasured] is None
+    model = models[measured]
+    assert model is not None and model.spb_profile == spb_profile()
