@@ -171,7 +171,7 @@ def simulate(
                 simulator = Simulator(
                     load.jobs,
                     shape,
-                    _policy(name, interference),
+                    simulation_policy(name, interference),
                     workload=load.name,
                     policy_name=name,
                     options=options,
@@ -198,7 +198,7 @@ def simulate(
             err.print(f"wrote {path}")
 
 
-def _policy(name: str, interference: float) -> Policy:
+def simulation_policy(name: str, interference: float) -> Policy:
     """The named policy; JigSaw predicts co-location with the interference simulated."""
     if name == "jigsaw":
         return partial(jigsaw.schedule, interference=interference)

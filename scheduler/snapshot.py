@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from scheduler.jobmodel import JobModel
+from scheduler.measured import ActiveJob, job_models
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
 from scheduler.states import JobState
 
@@ -122,8 +123,8 @@ class ClusterSnapshot:
 
 
 def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
-    """Read the cluster in five queries, whatever its size (nodes, GPUs, holds, service,
-    jobs)."""
+    """Read the cluster in seven queries, whatever its size (nodes, GPUs, holds, service,
+    jobs, and the jobs' recent iterations and SPB profiles for their models)."""
     # A node without an agent, or whose agent timed out, offers no capacity.
     node_rows = session.execute(
         select(Node.id, Node.name, Agent.alive, Node.schedulable)
@@ -182,6 +183,13 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
         for node_id, name, alive, schedulable in node_rows
     )
 
+    rows = list(session.scalars(select(Job).where(Job.state.in_(active))))
+    models = job_models(
+        session,
+        (ActiveJob(job.id, job.workers, job.spec, spb_of_job.get(job.id) or {}) for job in rows),
+        active,
+        max((gpu.memory_bytes for gpus in gpus_by_node.values() for gpu in gpus), default=0),
+    )
     jobs = tuple(
         JobView(
             id=job.id,
@@ -196,7 +204,8 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             attained_gpu_seconds=attained.get(job.id, 0.0),
             held_since=held_since.get(job.id),
             preempted=job.state == JobState.SUSPENDED and job.message == PREEMPTED_MESSAGE,
+            model=models.get(job.id),
         )
-        for job in session.scalars(select(Job).where(Job.state.in_(active)))
+        for job in rows
     )
     return ClusterSnapshot(nodes=nodes, jobs=jobs, now=now)

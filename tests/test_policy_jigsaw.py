@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from scheduler.jobmodel import JobModel, colocation_factors, stretched_step
@@ -181,3 +182,24 @@ def test_without_a_speed_model_it_neither_packs_nor_reconfigures() -> None:
     running = job(1, 2, None, state=JobState.RUNNING, gpus=(100, 101))
     plan = jigsaw.schedule(snap(nodes(1, 2, held={100: 1, 101: 1}), running, job(2, 1, None)))
     assert plan == Plan()
+
+
+def test_a_spec_that_fixes_spb_or_turns_it_off_is_never_changed() -> None:
+    """Only `auto` (or a trace's job, which carries no setting) is the policy's to
+    choose: a running job whose spec says off stays off where SPB would pay, and one
+    with a fixed configuration keeps it where off would pay."""
+    heavy = model(2, 1000, step=2.0, sync=1.5, spb=profile(bottom_parameters=1 << 28))
+    light = model(2, 1000, step=2.0, sync=0.0, spb=profile())
+    running = {"state": JobState.RUNNING, "gpus": (100, 101)}
+    off = replace(job(1, 2, heavy, **running), spec={"workers": 2, "spb": "off"})
+    fixed = replace(
+        job(1, 2, light, spb=as_json(HALF), **running),
+        spec={"workers": 2, "spb": as_json(HALF)},
+    )
+    for held in (off, fixed):
+        assert jigsaw.schedule(snap(nodes(1, 2), held)).reconfigure == ()
+    # The same jobs left to the policy are switched.
+    auto = replace(off, spec={"workers": 2, "spb": "auto"})
+    assert jigsaw.schedule(snap(nodes(1, 2), auto)).reconfigure == (Reconfigure(1, as_json(HALF)),)
+    chosen = replace(fixed, spec={"workers": 2, "spb": "auto"})
+    assert jigsaw.schedule(snap(nodes(1, 2), chosen)).reconfigure == (Reconfigure(1, {}),)

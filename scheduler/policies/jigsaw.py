@@ -35,7 +35,9 @@ over jobs divided by the GPUs. Each round:
 Cost: sorting is O(J log J) for J jobs; admission and placement O(J + G) for G GPUs;
 packing O(G log G) to rank candidate GPUs once, then O(W) per guest of W workers over
 at most `max_guests` guests per round. Jobs without a speed model are scheduled like
-SRTF by iterations left and are never packed or given SPB.
+SRTF by iterations left and are never packed or given SPB. The policy chooses the SPB
+configuration only of jobs whose spec says `auto`: one that says `off` or fixes a
+configuration runs as its spec says, placed, kept or packed.
 """
 
 from __future__ import annotations
@@ -190,7 +192,7 @@ def schedule(
             continue
         placed = pool.take(size[job.id])
         if placed is not None:
-            layout.put(job, tuple(g.id for g in placed), None)
+            layout.put(job, tuple(g.id for g in placed), _own_config(job))
             started.append(job.id)
             if job.holding:
                 moved.append(job.id)
@@ -203,7 +205,7 @@ def schedule(
             placed = pool.take(target)
             if placed is not None:
                 layout.take(job.id)
-                layout.put(job, tuple(g.id for g in placed), None)
+                layout.put(job, tuple(g.id for g in placed), _own_config(job))
                 started.append(job.id)
                 moved.append(job.id)
     kept_guests = set()
@@ -225,11 +227,13 @@ def schedule(
         ):
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
 
-    # 3. Each job's best configuration alone (a guest keeps its own).
+    # 3. Each job's best configuration alone (a guest keeps its own; a job whose spec
+    # fixes its configuration, or turns SPB off, keeps what the spec says).
     for job_id in list(layout.jobs):
         if job_id not in kept_guests:
-            best = _best_alone(layout.jobs[job_id], layout) if spb_enabled else None
-            layout.config[job_id] = best
+            job = layout.jobs[job_id]
+            chosen = spb_enabled and _chooses_spb(job)
+            layout.config[job_id] = _best_alone(job, layout) if chosen else _own_config(job)
 
     # 4. Pack waiting jobs as guests.
     waiting = [
@@ -264,6 +268,19 @@ def schedule(
         if job.holding and job_id not in moved and spb.as_json(layout.config[job_id]) != job.spb
     )
     return Plan(start=start, suspend=suspend, reconfigure=reconfigure)
+
+
+def _chooses_spb(job: JobView) -> bool:
+    """Whether the policy may choose the job's SPB configuration: only when its spec
+    leaves it to the scheduler (`auto`; the simulator's traces carry no setting and are
+    all left to it)."""
+    return job.spec.get("spb", "auto") == "auto"
+
+
+def _own_config(job: JobView) -> SPBConfig | None:
+    """The configuration the job runs at unless the policy chooses one: its spec's fixed
+    configuration, else off."""
+    return spb.resolve(job.spec.get("spb"))
 
 
 def _order(
@@ -365,7 +382,7 @@ def _hosting_config(job: JobView, layout: _Layout) -> SPBConfig | None:
     """The SPB configuration that leaves the most room on its partial workers for a
     guest at the least statistical price."""
     workers = len(layout.gpus[job.id])
-    if job.model is None or job.model.spb_profile is None or workers < 2:
+    if job.model is None or job.model.spb_profile is None or workers < 2 or not _chooses_spb(job):
         return layout.config[job.id]
     nodes = len({layout.node_of[g] for g in layout.gpus[job.id]})
     key = ("hosting", workers, nodes)
@@ -452,7 +469,7 @@ def _pack(
     useful GPUs per GPU it takes."""
     assert job.model is not None
     layout = rooms.layout
-    guest = job.model.shape(None, size, 1)
+    guest = job.model.shape(_own_config(job), size, 1)
     need = max(guest.worker_memory_bytes)
     best: tuple[float, tuple[int, ...], dict[int, SPBConfig | None]] | None = None
     for switch in (False, True):
@@ -476,7 +493,7 @@ def _pack(
         return False
     _, choice, configs = best
     layout.config.update(configs)
-    layout.put(job, choice, None)
+    layout.put(job, choice, _own_config(job))
     rooms.taken.update(choice)
     return True
 
@@ -494,7 +511,7 @@ def _gain(
     before = {h: layout.useful(h) for h in hosts}
     saved = {h: layout.config[h] for h in configs}
     layout.config.update(configs)
-    layout.put(job, choice, None)
+    layout.put(job, choice, _own_config(job))
     after = {h: layout.useful(h) for h in hosts}
     guest = layout.useful(job.id)
     layout.take(job.id)

@@ -1,0 +1,168 @@
+"""Job models of the real cluster, from what the database knows of each active job.
+
+The simulator builds a `JobModel` from application profiles; on the cluster there are
+none, so the snapshot builds one from three sources, in two queries whatever the number
+of jobs (no per-job query, and only the last `RECENT_ITERATIONS` rows of each job read
+through the `(job_id, iteration)` index):
+
+- speed: the mean step and communication seconds of the job's recent iterations, at the
+  size it holds (a job is never resized: it has one size, the one it asked for).
+  Iterations at full backprop (no SPB depth reported) are taken as they are; iterations
+  under SPB are converted back to full backprop through the SPB profile (the inverse of
+  `JobModel.shape`), so a job switched to SPB keeps its model instead of losing it once
+  its full-backprop iterations leave the window. A job with no iteration yet has no
+  model: the policy schedules it by iterations left and neither packs it nor gives it
+  SPB until it has reported some.
+- length: `max_iterations`; a job with only a target metric is taken as
+  `UNKNOWN_ITERATIONS` long (the longest a spec allows), as SRTF takes it as longest.
+- SPB: the latest profile of its workload (`model_profiles`), only for a spec that says
+  `spb: auto`. A job whose spec says `off` or a fixed configuration gets none, so no
+  policy prices SPB configurations for it.
+- memory: the largest peak rank 0 reported in its recent iterations; unknown, it is
+  taken to fill its GPU (the largest in the cluster), so nothing is packed beside it.
+  Memory freed by SPB is not assumed: `activation_fraction` stays 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler import spb
+from scheduler.jobmodel import JobModel
+from scheduler.orm import IterationMetric, Job, ModelProfile
+
+logger = logging.getLogger(__name__)
+
+RECENT_ITERATIONS = 20
+UNKNOWN_ITERATIONS = 10**12  # JobSpec's ceiling for max_iterations
+
+
+@dataclass(frozen=True)
+class _Speed:
+    """Mean step and communication seconds of some recent iterations, and their peak
+    memory (None: not reported)."""
+
+    step_seconds: float
+    comm_seconds: float
+    peak_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    """What the model of one job is built from, besides its iterations."""
+
+    id: int
+    workers: int
+    spec: Mapping[str, Any]
+    spb: Mapping[str, Any]  # its current hold's configuration ({}: off or not holding)
+
+
+def job_models(
+    session: Session, jobs: Iterable[ActiveJob], active_states: Iterable[str], gpu_memory: int
+) -> dict[int, JobModel]:
+    """A model for each job that has reported iterations (two queries)."""
+    full, partial = _recent_speeds(session, list(active_states))
+    listed = list(jobs)
+    profiles = _latest_profiles(
+        session, {str(job.spec.get("workload")) for job in listed if _auto(job)}
+    )
+    models = {}
+    for job in listed:
+        profile = profiles.get(str(job.spec.get("workload"))) if _auto(job) else None
+        steps = _full_backprop_step(job, profile, full.get(job.id), partial.get(job.id))
+        if steps is None:
+            continue
+        target = job.spec.get("max_iterations")
+        peaks = [s.peak_memory_bytes for s in (full.get(job.id), partial.get(job.id)) if s]
+        known = [peak for peak in peaks if peak is not None]
+        models[job.id] = JobModel(
+            iterations_total=int(target) if target is not None else UNKNOWN_ITERATIONS,
+            workers=job.workers,
+            steps={job.workers: {1: steps}},
+            memory_bytes=max(known) if known else gpu_memory,
+            spb_profile=profile,
+        )
+    return models
+
+
+def _auto(job: ActiveJob) -> bool:
+    return job.spec.get("spb") == "auto"
+
+
+def _recent_speeds(
+    session: Session, active_states: list[str]
+) -> tuple[dict[int, _Speed], dict[int, _Speed]]:
+    """Each active job's recent iterations at full backprop and under SPB, averaged."""
+    at_full = IterationMetric.spb_depth.is_(None)
+    rows = session.execute(
+        select(
+            IterationMetric.job_id,
+            at_full,
+            func.avg(IterationMetric.step_seconds),
+            func.avg(IterationMetric.comm_seconds),
+            func.max(IterationMetric.peak_memory_bytes),
+        )
+        .join(Job, Job.id == IterationMetric.job_id)
+        .where(
+            Job.state.in_(active_states),
+            IterationMetric.iteration > Job.iterations_done - RECENT_ITERATIONS,
+        )
+        .group_by(IterationMetric.job_id, at_full)
+    )
+    full: dict[int, _Speed] = {}
+    partial: dict[int, _Speed] = {}
+    for job_id, is_full, step, comm, peak in rows:
+        if not step or step <= 0:
+            continue  # no time measured: nothing to price the job with
+        speed = _Speed(float(step), float(comm), None if peak is None else int(peak))
+        (full if is_full else partial)[job_id] = speed
+    return full, partial
+
+
+def _latest_profiles(session: Session, workloads: set[str]) -> dict[str, spb.SPBProfile]:
+    """The most recently measured profile of each workload (any device or batch)."""
+    if not workloads:
+        return {}
+    latest: dict[str, spb.SPBProfile] = {}
+    for workload, data in session.execute(
+        select(ModelProfile.workload, ModelProfile.data)
+        .where(ModelProfile.workload.in_(sorted(workloads)))
+        .order_by(ModelProfile.created_at, ModelProfile.id)
+    ):
+        try:
+            latest[workload] = spb.SPBProfile.from_json(data)  # later rows replace earlier
+        except (KeyError, TypeError, ValueError):
+            # One bad row must not stop every round: the job is priced without it.
+            logger.warning("model profile of %r is malformed; ignored", workload)
+    return latest
+
+
+def _full_backprop_step(
+    job: ActiveJob, profile: spb.SPBProfile | None, full: _Speed | None, partial: _Speed | None
+) -> tuple[float, float] | None:
+    """(step, sync) seconds of one full-backprop iteration at the job's own size."""
+    if full is not None:
+        return full.step_seconds, min(full.comm_seconds, full.step_seconds)
+    if partial is None:
+        return None
+    config = spb.resolve(job.spb) or spb.resolve(job.spec.get("spb"))
+    if profile is None or config is None:
+        # No profile to convert with (its spec fixes the configuration, which no policy
+        # changes): its speed is the one it runs at.
+        return partial.step_seconds, min(partial.comm_seconds, partial.step_seconds)
+    full_cost = spb.job_cost(profile, None, job.workers)
+    cost = spb.job_cost(profile, config, job.workers)
+    compute_ratio = cost.iteration_compute_seconds / (full_cost.iteration_compute_seconds or 1.0)
+    byte_ratio = (
+        cost.bytes_exchanged / full_cost.bytes_exchanged if full_cost.bytes_exchanged else 1.0
+    )
+    sync = min(partial.comm_seconds, partial.step_seconds)
+    full_sync = sync / byte_ratio if byte_ratio > 0 else sync
+    full_compute = (partial.step_seconds - sync) / (compute_ratio or 1.0)
+    return full_compute + full_sync, full_sync

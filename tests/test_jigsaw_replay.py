@@ -1,0 +1,127 @@
+"""Same code, real cluster: the snapshots the real round loop hands JigSaw, replayed
+through the simulator's policy call, give the plans the loop got.
+
+The loop runs in this process on a real database (SQLite and PostgreSQL) with the
+simulated dispatcher; the test reports each running job's iterations the way agents
+do (`scheduler.models.metrics.record`, the agent service's write), at the speed of its
+current SPB configuration, so the snapshots carry measured job models and JigSaw
+switches the `auto` jobs' SPB configuration at lease boundaries.
+"""
+
+from __future__ import annotations
+
+import pickle
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.simulate import simulation_policy
+from scheduler.db import session_factory, transaction
+from scheduler.dispatch import SimulatedDispatcher
+from scheduler.jobspec import SPBConfig
+from scheduler.loop import SchedulerService
+from scheduler.models.metrics import record
+from scheduler.models.profiles import save_profile
+from scheduler.orm import Allocation, Job
+from scheduler.plan import Plan
+from scheduler.policies import POLICIES, jigsaw
+from scheduler.settings import SchedulerSettings
+from scheduler.sim.engine import DEFAULT_INTERFERENCE
+from scheduler.snapshot import ClusterSnapshot
+from scheduler.states import JobState
+from tests.test_scheduler_loop import T0, add_nodes
+from tests.test_snapshot_models import add_job, spb_profile
+
+GIB = 1 << 30
+
+
+@pytest.fixture
+def factory(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+def report_running(factory: sessionmaker[Session]) -> None:
+    """Five iterations up to each running job's progress, as its agent reports them:
+    full backprop spends most of its step synchronising; SPB synchronises less."""
+    with transaction(factory) as session:
+        held = dict(
+            session.execute(
+                select(Allocation.job_id, Allocation.spb).where(Allocation.released_at.is_(None))
+            ).all()
+        )
+        done = dict(
+            session.execute(
+                select(Job.id, Job.iterations_done).where(Job.state == JobState.RUNNING.value)
+            ).all()
+        )
+        rows = []
+        for job_id, iterations in done.items():
+            spb = held.get(job_id) or {}
+            step, comm, depth = (1.2, 0.4, 1.0) if spb else (2.0, 1.5, None)
+            rows += [
+                {
+                    "job_id": job_id,
+                    "iteration": i,
+                    "step_seconds": step,
+                    "comm_seconds": comm,
+                    "peak_memory_bytes": 4 * GIB,
+                    "spb_depth": depth,
+                }
+                for i in range(max(iterations - 5, 0), iterations)
+            ]
+        record(session, rows)
+
+
+def test_replayed_snapshots_give_the_plans_of_the_real_loop(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_nodes(factory, {"a": 2, "b": 2})
+    with transaction(factory) as session:
+        save_profile(session, spb_profile(), "H100")
+    # Two jobs left to the scheduler, one with SPB off, one with a fixed configuration;
+    # six GPUs asked for on four, so some wait and are placed as others end.
+    quarter = SPBConfig(full_fraction=0.5, partial_depth=0.25)
+    add_job(factory, max_iterations=60, spb="auto")
+    add_job(factory, max_iterations=30, spb="auto")
+    add_job(factory, max_iterations=20)
+    add_job(factory, max_iterations=40, spb=quarter)
+
+    recorded: list[tuple[bytes, Plan]] = []
+
+    def recording(snapshot: ClusterSnapshot) -> Plan:
+        # Pickled before the policy runs: the replay starts from the data alone, with
+        # none of what the policy memoises on the models.
+        frozen = pickle.dumps(snapshot)
+        plan = jigsaw.schedule(snapshot)
+        recorded.append((frozen, plan))
+        return plan
+
+    monkeypatch.setitem(POLICIES, "jigsaw", recording)
+    monkeypatch.setenv("JIGSAW_SCHEDULER_POLICY", "jigsaw")
+    settings = SchedulerSettings(
+        round_seconds=0.01, lease_iterations=10, agent_timeout_seconds=3600
+    )
+    loop = SchedulerService(factory, SimulatedDispatcher(iterations_per_second=5), settings)
+    for second in range(24):
+        loop.run_round(T0 + timedelta(seconds=second))
+        report_running(factory)
+    with transaction(factory) as session:
+        states = set(session.scalars(select(Job.state)))
+    assert states == {JobState.SUCCEEDED.value}
+
+    replay = simulation_policy("jigsaw", DEFAULT_INTERFERENCE)
+    snapshots = [pickle.loads(frozen) for frozen, _ in recorded]
+    assert [replay(snapshot) for snapshot in snapshots] == [plan for _, plan in recorded]
+
+    # The plans exercise what only a job model enables: measured models, and an SPB
+    # configuration chosen for an `auto` job, at its start or by reconfiguring it.
+    assert any(job.model is not None for snapshot in snapshots for job in snapshot.jobs)
+    chosen = [
+        change.spb
+        for _, plan in recorded
+        for change in (*plan.reconfigure, *plan.start)
+        if change.spb and change.spb != quarter.model_dump(mode="json")
+    ]
+    assert chosen

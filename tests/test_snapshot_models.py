@@ -1,0 +1,241 @@
+"""The real cluster's job models: what `build_snapshot` knows of each job's speed, from
+its recent iterations and its workload's SPB profile, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from scheduler import spb
+from scheduler.db import session_factory, transaction
+from scheduler.jobspec import JobSpec, SPBConfig, TargetMetric
+from scheduler.measured import RECENT_ITERATIONS, UNKNOWN_ITERATIONS
+from scheduler.models.jobs import submit
+from scheduler.models.metrics import record
+from scheduler.models.profiles import save_profile
+from scheduler.models.users import Principal, get_or_create_user
+from scheduler.orm import GPU, Allocation, Job, ModelProfile
+from scheduler.policies import jigsaw
+from scheduler.snapshot import ClusterSnapshot, build_snapshot
+from scheduler.spb import SPBProfile, StageProfile, config_key
+from scheduler.states import JobState
+from tests.test_scheduler_loop import T0, add_nodes
+
+HALF = SPBConfig(full_fraction=0.5, partial_depth=0.5)
+GIB = 1 << 30
+
+
+@pytest.fixture
+def factory(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+def spb_profile(compute: float = 1.0, price: float = 1.02) -> SPBProfile:
+    """Four equal stages whose bottom two hold most parameters (SPB saves bytes)."""
+    return SPBProfile(
+        workload="digits-mlp",
+        per_worker_batch=32,
+        stages=tuple(
+            StageProfile(
+                forward_seconds=compute,
+                backward_input_seconds=compute,
+                backward_weight_seconds=compute,
+                activation_bytes=1 << 20,
+                parameter_bytes=(1 << 28) if stage < 2 else (1 << 20),
+            )
+            for stage in range(4)
+        ),
+        steps_ratio={config_key(c): price for c in jigsaw.CONFIGS},
+    )
+
+
+def add_job(factory: sessionmaker[Session], workers: int = 2, **fields: Any) -> int:
+    fields.setdefault("max_iterations", 1000)
+    spec = JobSpec(name=f"w{workers}", workload="digits-mlp", workers=workers, **fields)
+    with transaction(factory) as session:
+        user = get_or_create_user(session, "alice")
+        return submit(session, spec, Principal("user", user.id, user.name, False)).id
+
+
+def report(
+    factory: sessionmaker[Session],
+    job_id: int,
+    iterations: range,
+    step: float,
+    comm: float,
+    **extra: Any,
+) -> None:
+    """Rows as the agents report them, and the job's progress up to the last."""
+    with transaction(factory) as session:
+        record(
+            session,
+            (
+                {"job_id": job_id, "iteration": i, "step_seconds": step, "comm_seconds": comm}
+                | extra
+                for i in iterations
+            ),
+        )
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.iterations_done = iterations.stop
+
+
+def snapshot(factory: sessionmaker[Session]) -> ClusterSnapshot:
+    with transaction(factory) as session:
+        return build_snapshot(session, T0)
+
+
+def test_models_from_recent_iterations_and_the_latest_profile(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 4})
+    with transaction(factory) as session:
+        save_profile(session, spb_profile(compute=9.0), "T4")
+        save_profile(session, spb_profile(compute=1.0), "H100")  # measured later: wins
+    auto = add_job(factory, spb="auto")
+    off = add_job(factory)
+    fixed = add_job(factory, spb=HALF)
+    target_only = add_job(
+        factory,
+        max_iterations=None,
+        spb="auto",
+        target_metric=TargetMetric(name="accuracy", value=0.9),
+    )
+    fresh = add_job(factory, spb="auto")
+    # Old iterations (slower) fall outside the window of recent ones.
+    report(factory, auto, range(0, 100), step=5.0, comm=4.0)
+    report(
+        factory,
+        auto,
+        range(100, 100 + RECENT_ITERATIONS),
+        step=2.0,
+        comm=1.5,
+        peak_memory_bytes=3 * GIB,
+    )
+    for job_id in (off, fixed, target_only):
+        report(factory, job_id, range(0, 10), step=1.0, comm=0.25)
+
+    models = {job.id: job.model for job in snapshot(factory).jobs}
+    assert models[fresh] is None  # nothing measured yet
+    auto_model = models[auto]
+    assert auto_model is not None
+    assert auto_model.steps == {2: {1: (pytest.approx(2.0), pytest.approx(1.5))}}
+    assert auto_model.memory_bytes == 3 * GIB
+    assert auto_model.iterations_total == 1000
+    assert auto_model.spb_profile == spb_profile(compute=1.0)
+    for job_id in (off, fixed):
+        model = models[job_id]
+        assert model is not None and model.spb_profile is None
+        assert model.memory_bytes == 80 * GIB  # unknown: fills its GPU
+    target_model = models[target_only]
+    assert target_model is not None and target_model.iterations_total == UNKNOWN_ITERATIONS
+
+
+def test_a_job_under_spb_keeps_its_full_backprop_model(factory: sessionmaker[Session]) -> None:
+    """Iterations under SPB convert back to full backprop through the profile: the model
+    predicts, under that configuration, the speed that was measured."""
+    add_nodes(factory, {"a": 2})
+    with transaction(factory) as session:
+        save_profile(session, spb_profile(), "H100")
+    job_id = add_job(factory, spb="auto")
+    with transaction(factory) as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.state = JobState.RUNNING.value
+        for rank, gpu in enumerate(session.scalars(select(GPU.id).order_by(GPU.index))):
+            session.add(
+                Allocation(
+                    job_id=job_id, gpu_id=gpu, rank=rank, spb=spb.as_json(HALF), lease_iterations=50
+                )
+            )
+    report(factory, job_id, range(0, 10), step=1.2, comm=0.4, spb_depth=1.0)
+
+    model = next(job for job in snapshot(factory).jobs if job.id == job_id).model
+    assert model is not None
+    shape = model.shape(HALF, 2, 1)
+    assert shape.step_seconds == pytest.approx(1.2)
+    assert shape.sync_seconds == pytest.approx(0.4)
+    assert model.alone_step_seconds > 1.2  # full backprop syncs more bytes
+
+
+@contextmanager
+def counted(engine: Engine) -> Iterator[list[str]]:
+    statements: list[str] = []
+
+    def count(*args: Any) -> None:
+        statements.append(args[2])
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+
+def test_the_snapshot_reads_the_same_number_of_queries_for_more_jobs(
+    engine: Engine, factory: sessionmaker[Session]
+) -> None:
+    add_nodes(factory, {"a": 4})
+    with transaction(factory) as session:
+        save_profile(session, spb_profile(), "H100")
+
+    def queries() -> int:
+        with counted(engine) as statements:
+            snapshot(factory)
+        return len(statements)
+
+    first = add_job(factory, spb="auto")
+    report(factory, first, range(0, 5), step=1.0, comm=0.5)
+    few = queries()
+    for _ in range(4):
+        job_id = add_job(factory, spb="auto")
+        report(factory, job_id, range(0, 5), step=1.0, comm=0.5)
+    assert queries() == few
+
+
+def test_jigsaw_on_the_cluster_gives_spb_only_to_auto_jobs(factory: sessionmaker[Session]) -> None:
+    """Same measured speed and profile: the auto job is switched to SPB, the job whose
+    spec says off is not, and the fixed one keeps its own configuration."""
+    add_nodes(factory, {"a": 2, "b": 2, "c": 2})
+    with transaction(factory) as session:
+        save_profile(session, spb_profile(), "H100")
+    quarter = SPBConfig(full_fraction=0.5, partial_depth=0.25)
+    jobs = {
+        "auto": add_job(factory, spb="auto"),
+        "off": add_job(factory),
+        "fixed": add_job(factory, spb=quarter),
+    }
+    for job_id in jobs.values():
+        report(factory, job_id, range(0, 10), step=2.0, comm=1.5)
+
+    plan = jigsaw.schedule(snapshot(factory))
+    configs = {p.job_id: p.spb for p in plan.start}
+    assert configs == {
+        jobs["auto"]: spb.as_json(HALF),
+        jobs["off"]: {},
+        jobs["fixed"]: spb.as_json(quarter),
+    }
+
+
+def test_bad_measurements_leave_a_job_unpriced_not_the_round_broken(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 4})
+    with transaction(factory) as session:
+        save_profile(session, spb_profile(), "H100")
+        # A later row that does not parse is skipped: the earlier profile stands.
+        session.add(ModelProfile(workload="digits-mlp", key="broken", data={"stages": 3}))
+    unmeasured = add_job(factory, spb="auto")
+    report(factory, unmeasured, range(0, 5), step=0.0, comm=0.0)
+    measured = add_job(factory, spb="auto")
+    report(factory, measured, range(0, 5), step=2.0, comm=1.5)
+
+    models = {job.id: job.model for job in snapshot(factory).jobs}
+    assert models[unmeasured] is None
+    model = models[measured]
+    assert model is not None and model.spb_profile == spb_profile()
