@@ -9,12 +9,13 @@ Iterations are timed after a warm-up, from boundary `warmup` to the last boundar
 Figures are medians over repetitions; "overhead %" is the runtime's median time per
 iteration over the bare loop's, minus one.
 
-    python -m benchmarks.runtime_overhead [--workload digits-cnn] [--json]
+    python -m benchmarks.runtime_overhead [--workload digits-cnn] [--lease 1] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import time
@@ -45,11 +46,16 @@ class TimedController(LocalController):
 
     window: tuple[int, int] = (0, 0)
     times: dict[int, float] = field(default_factory=dict)
+    # Boundaries a decision holds for (1: asked at every boundary, as the agent does).
+    lease: int = 1
 
     def check(self, iteration: int) -> Any:
         if iteration in self.window:
             self.times[iteration] = time.perf_counter()
-        return super().check(iteration)
+        decision = super().check(iteration)
+        # The lease ends at the window's boundaries too, so that they are timed.
+        ends = [b for b in self.window if b > iteration] + [iteration + self.lease]
+        return dataclasses.replace(decision, lease_until=min(ends))
 
 
 def _config(rank: int, port: int, args: argparse.Namespace) -> WorkerConfig:
@@ -68,7 +74,9 @@ def _config(rank: int, port: int, args: argparse.Namespace) -> WorkerConfig:
 
 
 def _runtime_seconds(config: WorkerConfig, args: argparse.Namespace) -> float:
-    controller = TimedController(window=(args.warmup, args.warmup + args.iterations))
+    controller = TimedController(
+        window=(args.warmup, args.warmup + args.iterations), lease=args.lease
+    )
     run_worker(config, controller)
     if config.rank != 0:
         return math.nan  # only rank 0 consults its controller
@@ -140,6 +148,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=300, help="timed per repetition")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=6)
+    parser.add_argument(
+        "--lease", type=int, default=1, help="boundaries a decision holds (1: ask at each)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -168,6 +179,7 @@ def main() -> None:
             "case": mode,
             "workload": args.workload,
             "workers": WORLD_SIZE,
+            "lease": args.lease,
             "it/s": 1 / statistics.median(values),
             "ms/it": 1000 * statistics.median(values),
             "ms/it best": 1000 * values[0],
