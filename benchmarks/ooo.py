@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any, NamedTuple
 
 import torch
@@ -37,8 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from api.server import free_port
 from benchmarks.harness import emit
+from worker_agent.runtime.gang import run_local_gang
 from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, PipelineTrainer
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
 from worker_agent.runtime.ooo.schedules import (
@@ -202,49 +200,18 @@ def _over_ranks(sample: Sample) -> Sample:
 def _gang(
     world_size: int, function: Callable[[argparse.Namespace], Timings], args: argparse.Namespace
 ) -> Timings:
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    processes = [
-        context.Process(target=_member, args=(rank, world_size, port, function, args, results))
-        for rank in range(world_size)
-    ]
-    for process in processes:
-        process.start()
-    outcome = results.get()
-    for process in processes:
-        process.join()
-    if isinstance(outcome, str):
-        raise SystemExit(f"a benchmark worker failed:\n{outcome}")
-    timings: Timings = outcome
+    """`function(args)` on every rank of a fresh gloo group; rank 0's timings."""
+    timings: Timings = run_local_gang(_on_rank, world_size, function, args)[0]
     return timings
 
 
-def _member(
+def _on_rank(
     rank: int,
     world_size: int,
-    port: int,
     function: Callable[[argparse.Namespace], Timings],
     args: argparse.Namespace,
-    results: Any,
-) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=timedelta(seconds=600),
-    )
-    try:
-        timings = function(args)
-        if rank == 0:
-            results.put(timings)
-    except BaseException:
-        results.put(traceback.format_exc())
-        raise
-    finally:
-        dist.destroy_process_group()
+) -> Timings:
+    return function(args)
 
 
 def _rows(setting: str, baseline: str, timings: Timings, workers: int) -> list[dict[str, Any]]:
