@@ -13,9 +13,11 @@ from scheduler.states import JobState
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
 
-def nodes(count: int, size: int, holders: dict[int, int] | None = None) -> tuple[NodeView, ...]:
-    """`count` nodes of `size` GPUs; GPU id = node * 100 + index; `holders` maps GPU ids
-    to the job holding it."""
+def nodes(
+    count: int, size: int, holders: dict[int, int] | None = None, memory: int = 32 << 30
+) -> tuple[NodeView, ...]:
+    """`count` nodes of `size` GPUs of `memory` bytes; GPU id = node * 100 + index;
+    `holders` maps GPU ids to the job holding it."""
     holders = holders or {}
     return tuple(
         NodeView(
@@ -29,7 +31,7 @@ def nodes(count: int, size: int, holders: dict[int, int] | None = None) -> tuple
                     node_name=f"n{n}",
                     index=i,
                     kind="V100",
-                    memory_bytes=32 << 30,
+                    memory_bytes=memory,
                     holders=(holders[n * 100 + i],) if n * 100 + i in holders else (),
                 )
                 for i in range(size)

@@ -9,9 +9,10 @@ from scheduler.jobmodel import JobModel, colocation_factors, stretched_step
 from scheduler.jobspec import SPBConfig
 from scheduler.plan import Placement, Plan, Reconfigure
 from scheduler.policies import get_policy, jigsaw
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
+from scheduler.snapshot import ClusterSnapshot, JobView, NodeView
 from scheduler.spb import SPBProfile, StageProfile, as_json, config_key
 from scheduler.states import JobState
+from tests.test_policy_baselines import nodes as baseline_nodes
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 NOW = T0 + timedelta(hours=1)
@@ -62,28 +63,8 @@ def model(
     )
 
 
-def nodes(count: int, size: int, memory: int = 16 * GIB, held: dict[int, int] | None = None):
-    held = held or {}
-    return tuple(
-        NodeView(
-            id=n,
-            name=f"n{n}",
-            alive=True,
-            gpus=tuple(
-                GPUView(
-                    id=n * 100 + i,
-                    node_id=n,
-                    node_name=f"n{n}",
-                    index=i,
-                    kind="T4",
-                    memory_bytes=memory,
-                    holders=(held[n * 100 + i],) if n * 100 + i in held else (),
-                )
-                for i in range(size)
-            ),
-        )
-        for n in range(1, count + 1)
-    )
+def nodes(count: int, size: int, held: dict[int, int] | None = None) -> tuple[NodeView, ...]:
+    return baseline_nodes(count, size, held, memory=16 * GIB)
 
 
 def job(
