@@ -145,7 +145,6 @@ class _Training:
         # SPB's cut (which stages this rank trains) is independent of who exchanges the
         # gradients: SPB's own exchange, or an out-of-order schedule's.
         self._partial: PartialBackprop | None = None
-        self._contributor_depths: tuple[int, ...] = ()  # the cut others were last told of
         if config.spb_enabled:
             self._partial = PartialBackprop(
                 stages.build(model, self._trial.stages(model), config.spb_stages),
@@ -275,7 +274,10 @@ class _Training:
         self._comm.reset()
         start = self._clock.mark()
         if self._partial is not None:
-            self._cut(self._partial.begin(self.iteration))
+            before = self._partial.depths
+            depths = self._partial.begin(self.iteration)
+            if depths != before:
+                self._tell_contributors(depths)
         batch = to_device(self._batches.next(), self._device)
         self._backprop.zero_grad()
         loss = self._trial.loss(self._model, batch)
@@ -292,12 +294,9 @@ class _Training:
             self._reports.add(self._record(start, backward_end, end, loss.item()))
         return agreed
 
-    def _cut(self, depths: tuple[int, ...]) -> None:
-        """Tell whoever averages per layer which ranks train each stage, when that changes."""
+    def _tell_contributors(self, depths: tuple[int, ...]) -> None:
+        """Tell whoever averages per layer which ranks now train each stage."""
         assert self._partial is not None
-        if depths == self._contributor_depths:
-            return
-        self._contributor_depths = depths
         cut = self._partial.stages
         stage_ranks = spb.contributors(depths, len(cut))
         if isinstance(self._backprop, ReverseFirstK):
@@ -311,7 +310,9 @@ class _Training:
         wire bytes sent: DDP's tail after its last bucket launch, or SPB's exchange, which
         runs after backward. (The out-of-order schedules' is not split out.)"""
         if isinstance(self._backprop, PartialBackpropSchedule):
-            return self._backprop.exchange_seconds, self._backprop.wire_bytes
+            marks = self._backprop.exchange_marks
+            seconds = self._clock.seconds(*marks) if marks is not None else 0.0
+            return seconds, self._backprop.wire_bytes
         launch = self._comm.last_launch
         seconds = self._clock.seconds(launch, backward_end) if launch is not None else 0.0
         return seconds, self._comm.bytes

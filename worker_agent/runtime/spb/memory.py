@@ -17,8 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -108,28 +107,21 @@ def heap_in_use_bytes() -> int | None:
     return int(info.uordblks + info.hblkhd)
 
 
-@contextmanager
-def _measured(device: torch.device) -> Iterator[list[int]]:
-    result: list[int] = []
+def _in_use_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        yield result
-        torch.cuda.synchronize(device)
-        result.append(torch.cuda.memory_allocated(device) - before)
-        return
-    start = heap_in_use_bytes()
-    yield result
-    end = heap_in_use_bytes()
-    if start is None or end is None:
+        return int(torch.cuda.memory_allocated(device))
+    in_use = heap_in_use_bytes()
+    if in_use is None:
         raise RuntimeError("no way to measure CPU memory here: glibc's mallinfo2 is missing")
-    result.append(end - start)
+    return in_use
 
 
 def forward_peak_bytes(forward: Callable[[], torch.Tensor], device: torch.device) -> int:
     """Memory in use after `forward()` (which returns the loss, its graph alive) beyond
     what was in use before it: the step's activation peak."""
-    with _measured(device) as result:
-        loss = forward()
+    before = _in_use_bytes(device)
+    loss = forward()
+    after = _in_use_bytes(device)
     del loss
-    return result[0]
+    return after - before

@@ -17,7 +17,7 @@ from scheduler import spb
 from scheduler.jobspec import SPBConfig
 from worker_agent.runtime.spb.exchange import StageExchange
 from worker_agent.runtime.spb.stages import Stages
-from worker_agent.runtime.timing import DeviceClock
+from worker_agent.runtime.timing import DeviceClock, Mark
 
 
 class PartialBackprop:
@@ -71,7 +71,9 @@ class PartialBackpropSchedule:
         self._partial = partial
         self._optimizer = optimizer
         self._clock = clock
-        self.exchange_seconds = 0.0  # of the last step: communication after backward
+        # Of the last step: the exchange's start and end marks (read them after the clock
+        # synchronizes, as the loop does on rank 0 only) and this rank's wire bytes.
+        self.exchange_marks: tuple[Mark, Mark] | None = None
         self.wire_bytes = 0
 
     def zero_grad(self) -> None:
@@ -82,9 +84,7 @@ class PartialBackpropSchedule:
             loss.backward()
         start = self._clock.mark()
         self.wire_bytes = self._partial.synchronize()
-        end = self._clock.mark()
-        self._clock.synchronize()
-        self.exchange_seconds = self._clock.seconds(start, end)
+        self.exchange_marks = (start, self._clock.mark())
 
     def step(self) -> None:
         self._optimizer.step()
