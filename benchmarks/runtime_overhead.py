@@ -28,10 +28,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from api.server import free_port
 from benchmarks.harness import emit
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import LocalController
+from worker_agent.runtime.gang import free_local_port, run_local_gang
 from worker_agent.runtime.loop import run_worker
 from worker_agent.runtime.trial import TrialContext
 from worker_agent.runtime.workloads import load_trial
@@ -125,20 +125,30 @@ def _bare_seconds(config: WorkerConfig, args: argparse.Namespace) -> float:
         dist.destroy_process_group()
 
 
-def _member(rank: int, ports: list[int], args: argparse.Namespace, results: Any) -> None:
-    torch.set_num_threads(1)
+def _member(rank: int, world_size: int, ports: Any, args: argparse.Namespace) -> Any:
     timings: list[tuple[str, float]] = []
     for repeat in range(args.repeats):
         # Alternate which mode goes first, so drift (thermal, caches) hits both alike.
         order = MODES if repeat % 2 == 0 else tuple(reversed(MODES))
-        for slot, mode in enumerate(order):
-            config = _config(rank, ports[2 * repeat + slot], args)
+        for mode in order:
+            config = _config(rank, _rendezvous_port(rank, world_size, ports), args)
             run = _bare_seconds if mode == "bare" else _runtime_seconds
             seconds = run(config, args)
             if rank == 0:
                 timings.append((mode, seconds))
+    return timings if rank == 0 else None
+
+
+def _rendezvous_port(rank: int, world_size: int, ports: Any) -> int:
+    """A port rank 0 found free just now, for every rank: one chosen minutes ahead may
+    be taken by then on a shared machine, and a rank would wait for a peer that never
+    comes."""
     if rank == 0:
-        results.put(timings)
+        port = free_local_port()
+        for _ in range(world_size - 1):
+            ports.put(port)
+        return port
+    return int(ports.get(timeout=600))
 
 
 def main() -> None:
@@ -154,20 +164,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    ports = [free_port() for _ in range(2 * args.repeats)]
-    processes = [
-        context.Process(target=_member, args=(rank, ports, args, results))
-        for rank in range(WORLD_SIZE)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
-    if any(process.exitcode != 0 for process in processes):
-        raise SystemExit("a benchmark worker failed (traceback above)")
-    timings: list[tuple[str, float]] = results.get(timeout=10)
+    # A queue of the spawn context the gang's processes are made with.
+    ports = torch.multiprocessing.get_context("spawn").Queue()
+    timings: list[tuple[str, float]] = run_local_gang(
+        _member, WORLD_SIZE, ports, args, init_group=False
+    )[0]
 
     per_iteration = {
         mode: sorted(seconds / args.iterations for m, seconds in timings if m == mode)

@@ -1,14 +1,22 @@
 """Agreement at an iteration boundary: every rank learns rank 0's decision.
 
-One all-reduce of a few float64 slots carries the decision: rank 0 writes it, the other
-ranks write zeros, so the sum is rank 0's value (float64 holds integers exactly up to
-2**53). The decision's lease tells every rank the next boundary that needs agreeing on;
-the boundaries in between need no collective at all. The configuration dict travels
-separately, only when its version changes.
+The decision travels as a few numbers in an all-reduce: rank 0 writes it, the other
+ranks write zeros, so the sum is rank 0's value. Every number is written as base-256
+digits, which any floating dtype holds exactly (bfloat16 included), so the agreement
+can ride in a gradient buffer of whatever dtype the model trains in. The decision's lease
+tells every rank the next boundary that needs agreeing on; the boundaries in between
+need no collective at all. The configuration dict travels separately, only when its
+version changes.
 
-The all-reduce is asynchronous: the loop launches it once the step's loss is known and
-waits for it after the optimizer step, so it hides behind backward instead of adding a
-round trip between steps.
+An agreement costs no collective of its own when the step's gradient exchange carries
+it: the loop `offer`s it before backward, and the exchange's first all-reduce over the
+whole world (DDP's first bucket, SPB's all-contributor bucket) appends the digits to its
+buffer (`board`) and takes them off the reduced buffer (`alight`). On gloo a separate all-reduce
+per step costs as much as a small model's whole gradient exchange (a round trip and a
+wake-up of the collective thread). Schedules without such an all-reduce `launch` the
+agreement as a collective of its own, asynchronously, so that it hides behind backward.
+Whether the digits ride is decided identically on every rank (same lease, same bucket
+order), so the collectives always match.
 """
 
 from __future__ import annotations
@@ -22,7 +30,31 @@ import torch.distributed as dist
 from worker_agent.runtime.protocol import Action, Decision
 
 _ACTIONS = list(Action)
-_ACTION, _CONFIG_VERSION, _LEASE_UNTIL, _TARGET_REACHED, _SLOTS = range(5)
+_BASE = 256
+# Digits per field, enough for the job spec's bounds (max_iterations <= 10**12).
+_FIELDS = {"action": 1, "target_reached": 1, "config_version": 4, "lease_until": 6}
+_DIGITS = sum(_FIELDS.values())
+
+
+def _encode(values: dict[str, int]) -> list[float]:
+    digits: list[float] = []
+    for name, width in _FIELDS.items():
+        value = values[name]
+        if not 0 <= value < _BASE**width:
+            raise ValueError(f"{name} {value} does not fit the boundary agreement")
+        digits.extend(float((value // _BASE**place) % _BASE) for place in range(width))
+    return digits
+
+
+def _decode(digits: list[float]) -> dict[str, int]:
+    values: dict[str, int] = {}
+    at = 0
+    for name, width in _FIELDS.items():
+        values[name] = sum(
+            round(digit) * _BASE**place for place, digit in enumerate(digits[at : at + width])
+        )
+        at += width
+    return values
 
 
 @dataclass(frozen=True)
@@ -38,51 +70,85 @@ class BoundarySync:
         """`config` is the launch's configuration, version 0 on every rank."""
         self._rank = rank
         self._world_size = world_size
-        self._slots = torch.zeros(_SLOTS, dtype=torch.float64, device=device)
+        self._slots = torch.zeros(_DIGITS, dtype=torch.float64, device=device)
+        self._offered = False
+        self._boarded = False
         self._work: dist.Work | None = None
         self._decision: Decision | None = None
         self._config_version = 0
         self._config: dict[str, Any] = dict(config)
 
-    def launch(self, decision: Decision | None, target_reached: bool) -> None:
-        """Collective. `decision` and `target_reached` count on rank 0 only."""
-        assert self._work is None, "wait() for the previous agreement first"
-        slots = self._slots
-        slots.zero_()
+    def offer(self, decision: Decision | None, target_reached: bool) -> None:
+        """Set this boundary's agreement up for `launch` or a carrier's `board`.
+        `decision` and `target_reached` count on rank 0 only."""
+        assert not self._offered, "wait() for the previous agreement first"
         if self._rank == 0:
             assert decision is not None, "rank 0 must bring the controller's decision"
-            slots[:] = torch.tensor(
-                [
-                    _ACTIONS.index(decision.action),
-                    decision.config_version,
-                    decision.lease_until,
-                    float(target_reached),
-                ],
-                dtype=torch.float64,
+            digits = _encode(
+                {
+                    "action": _ACTIONS.index(decision.action),
+                    "target_reached": int(target_reached),
+                    "config_version": decision.config_version,
+                    "lease_until": decision.lease_until,
+                }
             )
+            self._slots.copy_(torch.tensor(digits, dtype=torch.float64))
+        else:
+            self._slots.zero_()
         self._decision = decision
-        self._work = dist.all_reduce(slots, async_op=True)
+        self._offered = True
+
+    def launch(self) -> None:
+        """Collective: the offered agreement's own all-reduce, asynchronous."""
+        assert self._offered and not self._boarded and self._work is None
+        if self._world_size > 1:
+            self._work = dist.all_reduce(self._slots, async_op=True)
+
+    def board(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """For a carrier about to all-reduce a flat buffer of `dtype` over the whole
+        world: the offered agreement, to append to the buffer, or None when none waits
+        to ride. The carrier must hand the reduced buffer to `alight`."""
+        if not self._offered or self._boarded or self._work is not None:
+            return None
+        self._boarded = True
+        return self._slots.to(dtype)
+
+    def alight(self, reduced: torch.Tensor) -> torch.Tensor:
+        """The reduced buffer without the agreement, which this keeps (a view, no copy)."""
+        self._slots.copy_(reduced[-_DIGITS:])
+        return reduced[:-_DIGITS]
 
     def wait(self) -> Agreement:
-        assert self._work is not None, "launch() first"
-        self._work.wait()
+        """Collective when the offered agreement neither launched nor rode (a carrier
+        that had nothing to all-reduce this step): it is reduced here, in the open."""
+        assert self._offered, "offer() first"
+        if self._work is not None:
+            self._work.wait()
+        elif not self._boarded and self._world_size > 1:
+            dist.all_reduce(self._slots)
+        self._offered = self._boarded = False
         self._work = None
-        action, version, lease_until, reached = self._slots.tolist()
-        if int(version) != self._config_version:
-            self._follow_config(int(version))
+        values = _decode(self._slots.tolist())
+        if values["config_version"] != self._config_version:
+            self._follow_config(values["config_version"])
         return Agreement(
             decision=Decision(
-                _ACTIONS[int(action)], self._config_version, self._config, int(lease_until)
+                _ACTIONS[values["action"]],
+                self._config_version,
+                self._config,
+                values["lease_until"],
             ),
-            target_reached=bool(reached),
+            target_reached=bool(values["target_reached"]),
         )
 
     def agree(self, decision: Decision | None, target_reached: bool) -> Agreement:
-        """Collective, synchronous: `launch` then `wait`."""
-        self.launch(decision, target_reached)
+        """Collective, synchronous: `offer`, `launch` and `wait`."""
+        self.offer(decision, target_reached)
+        self.launch()
         return self.wait()
 
     def _follow_config(self, version: int) -> None:
         payload: list[Any] = [self._decision.config if self._decision is not None else None]
-        dist.broadcast_object_list(payload, src=0)
+        if self._world_size > 1:
+            dist.broadcast_object_list(payload, src=0)
         self._config_version, self._config = version, dict(payload[0])

@@ -141,7 +141,8 @@ class _Training:
 
         self._net = model  # unwrapped: what evaluation and checkpoints see
         self._clock = DeviceClock(device)
-        self._comm = CommMeter(self._clock, config.world_size)
+        self._sync = BoundarySync(config.rank, config.world_size, device, config.spb)
+        self._comm = CommMeter(self._clock, config.world_size, self._sync)
         # SPB's cut (which stages this rank trains) is independent of who exchanges the
         # gradients: SPB's own exchange, or an out-of-order schedule's.
         self._partial: PartialBackprop | None = None
@@ -152,10 +153,13 @@ class _Training:
                 rank=config.rank,
                 world_size=config.world_size,
                 config=spb.resolve(config.spb),
+                agreement=self._sync,
             )
         # The one place the backward schedule is chosen: `_step` only drives it.
         self._backprop: BackpropSchedule
         self._model: nn.Module = model
+        # Whether the schedule's gradient exchange carries boundary agreements.
+        self._carries_agreement = config.backprop != "ooo"
         if config.backprop == "ooo":
             self._backprop = out_of_order(model, self._optimizer, config.ooo_first_k)
         elif self._partial is not None:
@@ -175,7 +179,6 @@ class _Training:
             seed=config.seed,
             start=resumed.position if resumed is not None else DataPosition(),
         )
-        self._sync = BoundarySync(config.rank, config.world_size, device, config.spb)
         self._reports = ReportBuffer(
             controller, config.report_every_iterations, config.report_every_seconds
         )
@@ -266,7 +269,8 @@ class _Training:
         Inside the lease of the last agreement every rank already knows the answer for
         the next boundary (continue, same configuration): no question and no collective,
         so a lease of many short steps costs one agreement. At the lease's end rank 0
-        asks before the step, so that the agreement's all-reduce runs during backward.
+        asks before the step, so that the agreement rides in the step's gradient
+        exchange, or has an all-reduce of its own during backward.
         """
         boundary = self.iteration + 1
         agreeing = boundary >= agreed.decision.lease_until
@@ -280,9 +284,11 @@ class _Training:
                 self._tell_contributors(depths)
         batch = to_device(self._batches.next(), self._device)
         self._backprop.zero_grad()
-        loss = self._trial.loss(self._model, batch)
         if agreeing:
-            self._sync.launch(decision, self._target_reached)
+            self._sync.offer(decision, self._target_reached)
+        loss = self._trial.loss(self._model, batch)
+        if agreeing and not self._carries_agreement:
+            self._sync.launch()
         self._backprop.backward(loss)
         backward_end = self._clock.mark()
         self._backprop.step()

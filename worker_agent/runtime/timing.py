@@ -5,7 +5,8 @@ buckets while backward still computes, so only the tail after the last bucket is
 launched (all gradients computed) until backward returns (all buckets reduced) is time
 the step spends on communication alone. That tail is `comm_seconds`; the rest of the
 step is `compute_seconds`. Bucket launches are observed by a DDP comm hook that wraps
-PyTorch's own all-reduce hook, so gradients are reduced exactly as without it.
+PyTorch's own all-reduce hook, so gradients are reduced exactly as without it; the
+first bucket also carries the boundary agreement when one is offered (`boundary`).
 """
 
 # No `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
@@ -16,6 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from worker_agent.runtime.boundary import BoundarySync
 
 Mark = float | torch.cuda.Event
 
@@ -60,11 +63,15 @@ def ring_allreduce_bytes(nbytes: int, ranks: int) -> int:
 
 
 class CommMeter:
-    """DDP comm hook state: the last bucket launch and the wire bytes of one backward pass."""
+    """DDP comm hook state: the last bucket launch and the wire bytes of one backward pass
+    (of the gradients: an agreement riding along is not counted)."""
 
-    def __init__(self, clock: DeviceClock, world_size: int) -> None:
+    def __init__(
+        self, clock: DeviceClock, world_size: int, agreement: BoundarySync | None = None
+    ) -> None:
         self._clock = clock
         self._world_size = world_size
+        self._agreement = agreement
         self.last_launch: Mark | None = None
         self.bytes = 0
 
@@ -80,8 +87,19 @@ class CommMeter:
             buffer.numel() * buffer.element_size(), meter._world_size
         )
         meter.last_launch = meter._clock.mark()
-        # None: the default process group, as DDP itself would use.
-        return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+        # DDP launches bucket 0 first, on every rank, every step: the agreement's seat.
+        agreement = meter._agreement
+        rider = (
+            agreement.board(buffer.dtype) if agreement is not None and bucket.index() == 0 else None
+        )
+        if rider is None:
+            # None: the default process group, as DDP itself would use.
+            return default_hooks.allreduce_hook(None, bucket)  # type: ignore[arg-type]
+        assert agreement is not None
+        # The mean as PyTorch's hook takes it: divide, then sum.
+        carried = torch.cat([buffer.div_(meter._world_size), rider])
+        future = dist.all_reduce(carried, async_op=True).get_future()
+        return future.then(lambda reduced: agreement.alight(reduced.value()[0]))
 
 
 def peak_memory_bytes(device: torch.device) -> int:

@@ -8,7 +8,8 @@ among themselves (a process group of C_s) and the lowest contributor broadcasts 
 to the others (a group of that rank and the non-contributors): together 2(c-1) + (N-c)
 gradients on the wire instead of a ring all-reduce's 2(N-1) (`scheduler.spb.
 exchange_bytes`). Every rank ends with the same gradient in every parameter's `.grad`,
-so every replica takes the same optimizer step.
+so every replica takes the same optimizer step. The world bucket also carries the
+boundary agreement when one is offered (`boundary`).
 
 Process groups are created the first time a rank set is needed. Every rank derives the
 same depths from the same configuration and iteration, so all ranks meet the same sets
@@ -31,6 +32,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from scheduler.spb import contributors
+from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.spb.stages import Stages
 from worker_agent.runtime.timing import ring_allreduce_bytes
 
@@ -42,13 +44,22 @@ class _Bucket:
     buffer: torch.Tensor | None = None
     reduce: dist.Work | None = None
     deliver: dist.Work | None = None
+    carries: bool = False  # the boundary agreement rides at the end of `buffer`
 
 
 class StageExchange:
-    def __init__(self, stages: Stages, model: nn.Module, rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        stages: Stages,
+        model: nn.Module,
+        rank: int,
+        world_size: int,
+        agreement: BoundarySync | None = None,
+    ) -> None:
         self._stages = stages
         self._rank = rank
         self._world = world_size
+        self._agreement = agreement
         self._groups: dict[frozenset[int], dist.ProcessGroup | None] = {
             frozenset(range(world_size)): None  # None: the default (world) group
         }
@@ -71,12 +82,18 @@ class StageExchange:
                 grads = [
                     p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params
                 ]
-                bucket.buffer = _flatten_dense_tensors(grads)
+                rider = self._board(bucket)
+                bucket.buffer = _flatten_dense_tensors(
+                    grads + [rider] if rider is not None else grads
+                )
                 if len(bucket.ranks) > 1:
                     bucket.reduce = dist.all_reduce(
                         bucket.buffer, group=self._group(bucket.ranks), async_op=True
                     )
-                    sent += ring_allreduce_bytes(_nbytes(bucket.buffer), len(bucket.ranks))
+                    gradients = _nbytes(bucket.buffer) - (
+                        _nbytes(rider) if rider is not None else 0
+                    )
+                    sent += ring_allreduce_bytes(gradients, len(bucket.ranks))
             else:
                 numel = sum(p.numel() for p in bucket.params)
                 bucket.buffer = torch.empty(
@@ -86,6 +103,9 @@ class StageExchange:
             assert bucket.buffer is not None
             if bucket.reduce is not None:
                 bucket.reduce.wait()
+                if bucket.carries:
+                    assert self._agreement is not None
+                    bucket.buffer = self._agreement.alight(bucket.buffer)
             if self._rank in bucket.ranks:
                 bucket.buffer /= len(bucket.ranks)  # the mean, before it is passed on
             receivers = frozenset(range(self._world)) - bucket.ranks
@@ -111,6 +131,14 @@ class StageExchange:
                 param.grad = grad
         self.bytes_sent = sent
         return sent
+
+    def _board(self, bucket: _Bucket) -> torch.Tensor | None:
+        """The agreement, to ride in this bucket if it is the world's."""
+        if self._agreement is None or len(bucket.ranks) < max(self._world, 2):
+            return None
+        rider = self._agreement.board(bucket.params[0].dtype)
+        bucket.carries = rider is not None
+        return rider
 
     def broadcast_buffers(self) -> None:
         """Collective: every rank takes rank 0's buffers (BatchNorm running statistics)."""

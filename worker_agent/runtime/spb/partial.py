@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 
 from scheduler import spb
 from scheduler.jobspec import SPBConfig
+from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.spb.exchange import StageExchange
 from worker_agent.runtime.spb.stages import Stages
 from worker_agent.runtime.timing import DeviceClock, Mark
@@ -29,11 +30,13 @@ class PartialBackprop:
         rank: int,
         world_size: int,
         config: SPBConfig | None,
+        agreement: BoundarySync | None = None,
     ) -> None:
+        """`agreement`: boundary agreements to carry in the exchange (`boundary`)."""
         self.stages = stages
         self._rank = rank
         self._world_size = world_size
-        self._exchange = StageExchange(stages, model, rank, world_size)
+        self._exchange = StageExchange(stages, model, rank, world_size, agreement)
         self.config = config
         self.depths: tuple[int, ...] = ()
 
