@@ -20,10 +20,11 @@ work, never a wrong gradient. The price is one autograd call per piece, and that
 in-place operation on a cut output is refused by autograd (the built-in workloads have
 none).
 
-A tensor hook on a module's output would not see that output's gradient once: the dX
-pass starts from the output, and a dW from the output (or from a node of its own
-graph) passes it again. Whoever needs each call's output gradient exactly once (K-FAC's
-G factors) takes it from `output_gradients`, called when the dX chain has completed it.
+A tensor hook on a module's output does not see that output's gradient exactly once:
+it runs when the dX pass starts from the output and again when a dW starts from the
+output's node (resnet's convolutions count twice). Whoever needs each call's output
+gradient once (K-FAC's G factors) takes it from `output_gradients`, called as soon as
+the dX chain has completed it.
 """
 
 from __future__ import annotations
