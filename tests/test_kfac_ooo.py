@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tests.ooo_gang import run_on_gang
 from tests.ooo_models import CASES
 from tests.runtime_helpers import run_gang, worker_configs
+from tests.test_kfac_training import KFAC_JOB
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.control import LocalController
 from worker_agent.runtime.kfac import KFACSGD, KFACSettings
@@ -189,13 +190,9 @@ def test_tensor_hooks_alone_would_count_a_split_backwards_g_twice() -> None:
 
 # ---------------------------------------------------------------- the training loop
 
-_LOOP: dict[str, Any] = {
-    "workload": "digits-cnn",
-    "hyperparameters": {"batch_size": 64, "learning_rate": 0.1, "optimizer": "kfac"},
-    "max_iterations": 6,
-    "eval_every": 4,
-    "seed": 3,
-}
+# The K-FAC resume test's job, with an evaluation in the middle (it must see every
+# update applied).
+_LOOP: dict[str, Any] = {**KFAC_JOB, "max_iterations": 6, "eval_every": 4}
 
 
 def _run(directory: Path, suspend_at: int | None = None, **fields: Any) -> dict[str, Any]:
