@@ -46,9 +46,6 @@ UNFUSED = {
 # The damped solve amplifies last-bit differences of the gradient exchange's summation
 # order (DDP's buckets against one all-reduce per layer) by the curvature's condition.
 RTOL, ATOL = 1e-4, 1e-5
-# The transformer's attention output projection is a Linear its MultiheadAttention never
-# calls, so K-FAC finds no factors for it (with either backprop).
-KFAC_CASES = ["resnet", "tied-custom"]
 
 
 def _kfac(model: nn.Module, settings: KFACSettings) -> KFACSGD:
@@ -118,7 +115,7 @@ def _differences(cases: list[str], first_ks: list[int | None]) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize(("world_size", "cases"), [(2, KFAC_CASES), (4, ["resnet"])])
+@pytest.mark.parametrize(("world_size", "cases"), [(2, list(CASES)), (4, ["resnet"])])
 def test_reverse_first_k_kfac_takes_the_steps_of_ddp_kfac(
     world_size: int, cases: list[str]
 ) -> None:
@@ -126,7 +123,7 @@ def test_reverse_first_k_kfac_takes_the_steps_of_ddp_kfac(
 
 
 def test_single_process_ooo_kfac_takes_the_steps_of_standard_kfac() -> None:
-    assert _differences(KFAC_CASES, [None]) == []
+    assert _differences(list(CASES), [None]) == []
 
 
 # ---------------------------------------------------------------- G factors, once each

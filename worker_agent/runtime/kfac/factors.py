@@ -73,10 +73,20 @@ def discover_layers(model: nn.Module) -> list[KFACLayer]:
     Only Linear and Conv2d have a Kronecker-factored curvature here; any other module
     that owns trainable parameters keeps its plain gradient, and says so once.
     """
+    # MultiheadAttention hands its output projection's weights to a functional call: that
+    # Linear is never called as a module, so no hook would ever see its factors.
+    uncalled = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
     layers: list[KFACLayer] = []
     for name, module in model.named_modules():
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if isinstance(module, nn.Linear | nn.Conv2d):
+            if id(module) in uncalled:
+                logger.info(
+                    "K-FAC skips %s (a Linear its MultiheadAttention does not call): "
+                    "its gradient is used as is",
+                    name,
+                )
+                continue
             if isinstance(module, nn.Conv2d) and module.groups != 1:
                 logger.info("K-FAC skips %s (grouped Conv2d): its gradient is used as is", name)
                 continue
