@@ -226,3 +226,28 @@ def test_ooo_kfac_job_trains_like_ddp_kfac_and_resumes_on_its_trajectory(tmp_pat
     suspended = _run(interrupted, suspend_at=3, backprop="ooo", ooo_first_k=1)
     assert suspended["iteration"] == 3 and suspended["optimizer"]["kfac"]["steps"] == 3
     _assert_same_training(_run(interrupted, backprop="ooo", ooo_first_k=1), ooo)
+
+
+def test_ooo_kfac_follows_spb_depth_changes_like_spb_kfac(tmp_path: Path) -> None:
+    """Partial workers from boundary 2 to 4: rank 1 hands K-FAC no G and no dW of the
+    lower stage, K-FAC's factors and reverse first-k's layers are averaged over their
+    stage's contributors, and the contributors change between two K-FAC steps."""
+    partial = {"full_fraction": 0.5, "partial_depth": 0.5}
+    finals = {}
+    for backprop in ("standard", "ooo"):
+        directory = tmp_path / backprop
+        configs = worker_configs(
+            2,
+            checkpoint_dir=directory,
+            spb_enabled=True,
+            spb_stages=2,
+            backprop=backprop,
+            **_LOOP,
+        )
+        controllers = run_gang(
+            configs, [LocalController(reconfigure_at={2: partial, 4: {}}), LocalController()]
+        )
+        depths = [record.spb_depth for record in controllers[0].records]
+        assert depths == [1.0, 1.0, 0.75, 0.75, 1.0, 1.0]
+        finals[backprop] = torch.load(directory / CHECKPOINT_FILE, weights_only=True)
+    _assert_same_training(finals["ooo"], finals["standard"])
