@@ -11,14 +11,17 @@ iteration's time is the slowest worker's, its split is rank 0's K-FAC step times
   other           forward, backward, gradient all-reduce, preconditioning, SGD update
 Variants: naive = every factor's message starts after backward, one per factor,
 round-robin inversion; pipelined+fused = messages start from the hooks, merged by the
-profiled plan; +balanced = the measured-cost placement. Speedups are against naive in
-the same run.
+profiled plan; +balanced = the measured-cost placement; +balanced, ooo = the same
+K-FAC under out-of-order backprop (reverse first-k's per-layer exchanges instead of
+DDP's, K-FAC's factor work while they travel). Speedups are against naive, and the ooo
+row's also against +balanced on DDP, in the same run. Under ooo, "other" includes the
+wait for the gradient exchanges.
 
 Training: the real runtime loop (`run_worker`) with the same workers, K-FAC and SGD
 (best of its learning rates), steps and seconds until the evaluation (every
 --eval-every iterations) reaches the target accuracy.
 
-    python -m benchmarks.kfac [--workers 4] [--iterations 20] [--json]
+    python -m benchmarks.kfac [--workers 4] [--iterations 20] [--ooo-first-k K] [--json]
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ import argparse
 import statistics
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -39,16 +41,28 @@ from benchmarks.harness import emit
 from scheduler.jobspec import Hyperparameters
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import LocalController
+from worker_agent.runtime.gang import run_local_gang
 from worker_agent.runtime.kfac import KFACSGD, NAIVE, KFACSettings, StepTimes
 from worker_agent.runtime.loop import run_worker
+from worker_agent.runtime.ooo.schedules import BackpropSchedule, StandardBackprop, out_of_order
 from worker_agent.runtime.trial import TrialContext
 from worker_agent.runtime.workloads import load_trial
 
+
+@dataclass(frozen=True)
+class Variant:
+    settings: KFACSettings
+    ooo: bool = False  # reverse first-k instead of DDP
+
+
 VARIANTS = {
-    "naive": NAIVE,
-    "pipelined+fused": KFACSettings(placement="round-robin"),
-    "pipelined+fused+balanced": KFACSettings(),
+    "naive": Variant(NAIVE),
+    "pipelined+fused": Variant(KFACSettings(placement="round-robin")),
+    "pipelined+fused+balanced": Variant(KFACSettings()),
+    "pipelined+fused+balanced, ooo": Variant(KFACSettings(), ooo=True),
 }
+# What the ooo row is also compared with: the same K-FAC on DDP.
+OOO_BASELINE = "pipelined+fused+balanced"
 SPLIT = ("factor_compute", "factor_exchange", "inversion", "broadcast")
 
 
@@ -63,17 +77,25 @@ def _timed_variant(
     )
     trial = load_trial(args.workload)(context)
     model = trial.build_model()
-    optimizer = KFACSGD(model, 0.01, settings=VARIANTS[name], group=dist.new_group())
-    wrapped = DistributedDataParallel(model)
+    variant = VARIANTS[name]
+    optimizer = KFACSGD(model, 0.01, settings=variant.settings, group=dist.new_group())
+    # The runtime loop's schedules, driven as the loop drives them.
+    schedule: BackpropSchedule
+    if variant.ooo:
+        wrapped = model
+        schedule = out_of_order(model, optimizer, args.ooo_first_k)
+    else:
+        wrapped = DistributedDataParallel(model)
+        schedule = StandardBackprop(optimizer)
     total = StepTimes()
     elapsed = 0.0
     for i, batch in enumerate(batches):
         optimizer.preconditioner.times = StepTimes()
         dist.barrier()
         start = time.perf_counter()
-        optimizer.zero_grad()
-        trial.loss(wrapped, batch).backward()
-        optimizer.step()
+        schedule.zero_grad()
+        schedule.backward(trial.loss(wrapped, batch))
+        schedule.step()
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         if i >= args.warmup:
@@ -89,39 +111,29 @@ def _timed_variant(
     return elapsed / args.iterations, total, layout
 
 
-def _iteration_member(rank: int, port: int, args: argparse.Namespace, results: Any) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=args.workers,
-        timeout=timedelta(seconds=300),
+def _iteration_member(
+    rank: int, world_size: int, args: argparse.Namespace
+) -> list[tuple[str, float, StepTimes, str]]:
+    context = TrialContext(
+        Hyperparameters(batch_size=args.batch_size), rank, world_size, torch.device("cpu"), 0
     )
-    try:
-        context = TrialContext(
-            Hyperparameters(batch_size=args.batch_size), rank, args.workers, torch.device("cpu"), 0
+    trial = load_trial(args.workload)(context)
+    inputs, targets = trial.train_data()[:]
+    local = context.per_rank_batch_size
+    count = args.warmup + args.iterations
+    batches = [
+        (inputs[start : start + local], targets[start : start + local])
+        for start in (
+            ((i * world_size + rank) * local) % (len(inputs) - local) for i in range(count)
         )
-        trial = load_trial(args.workload)(context)
-        inputs, targets = trial.train_data()[:]
-        local = context.per_rank_batch_size
-        count = args.warmup + args.iterations
-        batches = [
-            (inputs[start : start + local], targets[start : start + local])
-            for start in (
-                ((i * args.workers + rank) * local) % (len(inputs) - local) for i in range(count)
-            )
-        ]
-        timings: list[tuple[str, float, StepTimes, str]] = []
-        names = list(VARIANTS)
-        for repeat in range(args.repeats):
-            order = names[repeat % len(names) :] + names[: repeat % len(names)]
-            for name in order:
-                timings.append((name, *_timed_variant(name, args, batches, rank)))
-        if rank == 0:
-            results.put(timings)
-    finally:
-        dist.destroy_process_group()
+    ]
+    timings: list[tuple[str, float, StepTimes, str]] = []
+    names = list(VARIANTS)
+    for repeat in range(args.repeats):
+        order = names[repeat % len(names) :] + names[: repeat % len(names)]
+        for name in order:
+            timings.append((name, *_timed_variant(name, args, batches, rank)))
+    return timings
 
 
 @dataclass
@@ -141,12 +153,10 @@ class _TargetController(LocalController):
         super().evaluation(iteration, metrics)
 
 
-def _training_member(config_json: str, results: Any) -> None:
-    config = WorkerConfig.model_validate_json(config_json)
+def _training_member(rank: int, world_size: int, configs: list[str]) -> _TargetController:
     controller = _TargetController()
-    run_worker(config, controller)
-    if config.rank == 0:
-        results.put(controller)
+    run_worker(WorkerConfig.model_validate_json(configs[rank]), controller)
+    return controller
 
 
 def _train(optimizer: str, learning_rate: float, args: argparse.Namespace) -> dict[str, Any]:
@@ -170,17 +180,10 @@ def _train(optimizer: str, learning_rate: float, args: argparse.Namespace) -> di
         )
         for rank in range(args.workers)
     ]
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    processes = [
-        context.Process(target=_training_member, args=(c.model_dump_json(), results))
-        for c in configs
-    ]
-    for process in processes:
-        process.start()
-    controller: _TargetController = results.get(timeout=600)
-    for process in processes:
-        process.join()
+    payload = [config.model_dump_json() for config in configs]
+    controller: _TargetController = run_local_gang(
+        _training_member, args.workers, payload, init_group=False
+    )[0]
     reached = [
         (iteration, at)
         for (iteration, metrics), at in zip(
@@ -196,20 +199,9 @@ def _train(optimizer: str, learning_rate: float, args: argparse.Namespace) -> di
 
 
 def _iteration_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
-    context = torch.multiprocessing.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    processes = [
-        context.Process(target=_iteration_member, args=(rank, port, args, results))
-        for rank in range(args.workers)
-    ]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join()
-    if any(process.exitcode != 0 for process in processes):
-        raise SystemExit("a benchmark worker failed (traceback above)")
-    timings: list[tuple[str, float, StepTimes, str]] = results.get(timeout=10)
+    timings: list[tuple[str, float, StepTimes, str]] = run_local_gang(
+        _iteration_member, args.workers, args
+    )[0]
     medians = {
         name: statistics.median(s for n, s, _, _ in timings if n == name) for name in VARIANTS
     }
@@ -231,6 +223,9 @@ def _iteration_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "layout": " / ".join(sorted(layouts)),
                 "iteration_time_s": medians[name],
                 "speedup_vs_naive": medians["naive"] / medians[name],
+                "speedup_vs_ddp": (
+                    medians[OOO_BASELINE] / medians[name] if VARIANTS[name].ooo else None
+                ),
                 **parts,
                 "other_ms": 1000 * medians[name] - sum(parts.values()),
             }
@@ -264,6 +259,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20, help="timed per repetition")
     parser.add_argument("--warmup", type=int, default=5, help="includes fusion profiling")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--ooo-first-k", type=int, default=None, help="the ooo row's k (default: all layers)"
+    )
     parser.add_argument("--train-workload", default="digits-cnn")
     parser.add_argument("--train-batch-size", type=int, default=128)
     parser.add_argument("--target", type=float, default=0.95)

@@ -133,10 +133,6 @@ class JobSpec(StrictModel):
     def _has_stopping_rule(self) -> JobSpec:
         if self.max_iterations is None and self.target_metric is None:
             raise ValueError("set max_iterations, target_metric, or both: a job must end")
-        if self.backprop == "ooo" and self.hyperparameters.optimizer == "kfac":
-            # Reverse first-k applies each layer's update on its own, before that layer's
-            # next forward; K-FAC preconditions every layer in one step. Not combined yet.
-            raise ValueError("backprop: ooo does not work with optimizer: kfac yet")
         if (
             isinstance(self.spb, SPBConfig)
             and self.spb.stages is not None

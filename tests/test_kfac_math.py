@@ -159,3 +159,13 @@ def test_layers_without_kronecker_factors_are_skipped_with_a_log_line(
         layers = discover_layers(model)
     assert [layer.name for layer in layers] == ["0", "3"]
     assert "K-FAC skips 1 (BatchNorm2d)" in caplog.text
+
+
+def test_the_attention_output_projection_its_module_never_calls_is_skipped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True))
+    with caplog.at_level("INFO", logger="worker_agent.runtime.kfac.factors"):
+        layers = discover_layers(model)
+    assert [layer.name for layer in layers] == ["0.linear1", "0.linear2"]
+    assert "K-FAC skips 0.self_attn.out_proj" in caplog.text

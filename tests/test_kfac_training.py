@@ -53,7 +53,7 @@ def test_kfac_reaches_the_digits_target_in_fewer_steps_than_tuned_sgd_and_adam()
     assert best["kfac"] < best["adam"], best
 
 
-_RESUMED: dict[str, Any] = {
+KFAC_JOB: dict[str, Any] = {
     "workload": "digits-cnn",
     "hyperparameters": {"batch_size": 64, "learning_rate": 0.1, "optimizer": "kfac"},
     "max_iterations": 7,
@@ -67,13 +67,13 @@ def test_a_suspended_kfac_run_resumes_with_its_curvature(tmp_path: Path) -> None
     factors after the resume would be one batch's instead of the running average of
     seven. (Spread over workers, the same state is covered by the distributed tests.)"""
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    (config,) = worker_configs(1, checkpoint_dir=straight, **_RESUMED)
+    (config,) = worker_configs(1, checkpoint_dir=straight, **KFAC_JOB)
     run_worker(config, LocalController())
-    (config,) = worker_configs(1, checkpoint_dir=interrupted, **_RESUMED)
+    (config,) = worker_configs(1, checkpoint_dir=interrupted, **KFAC_JOB)
     run_worker(config, LocalController(suspend_at=6))
     saved = torch.load(interrupted / CHECKPOINT_FILE, weights_only=True)
     assert saved["iteration"] == 6 and saved["optimizer"]["kfac"]["steps"] == 6
-    (config,) = worker_configs(1, checkpoint_dir=interrupted, **_RESUMED)
+    (config,) = worker_configs(1, checkpoint_dir=interrupted, **KFAC_JOB)
     run_worker(config, LocalController())
     expected = torch.load(straight / CHECKPOINT_FILE, weights_only=True)
     actual = torch.load(interrupted / CHECKPOINT_FILE, weights_only=True)

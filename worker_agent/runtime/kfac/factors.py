@@ -73,10 +73,20 @@ def discover_layers(model: nn.Module) -> list[KFACLayer]:
     Only Linear and Conv2d have a Kronecker-factored curvature here; any other module
     that owns trainable parameters keeps its plain gradient, and says so once.
     """
+    # MultiheadAttention hands its output projection's weights to a functional call: that
+    # Linear is never called as a module, so no hook would ever see its factors.
+    uncalled = {id(m.out_proj) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
     layers: list[KFACLayer] = []
     for name, module in model.named_modules():
         own = [p for p in module.parameters(recurse=False) if p.requires_grad]
         if isinstance(module, nn.Linear | nn.Conv2d):
+            if id(module) in uncalled:
+                logger.info(
+                    "K-FAC skips %s (a Linear its MultiheadAttention does not call): "
+                    "its gradient is used as is",
+                    name,
+                )
+                continue
             if isinstance(module, nn.Conv2d) and module.groups != 1:
                 logger.info("K-FAC skips %s (grouped Conv2d): its gradient is used as is", name)
                 continue
@@ -136,11 +146,18 @@ class FactorHooks:
     A comes from the layer's input in the forward hook; G from a hook on the layer's
     output gradient, registered only where the output requires grad: a stage this worker
     does not backpropagate (structured partial backprop) yields no G.
+
+    Under a backward split into dX and dW (`ooo.split`), a tensor hook on the output
+    would run once in the dX chain and again in the dW pass; there the schedule hands in
+    each call's output gradient once (`output_gradient`) and no tensor hook is set.
     """
 
     def __init__(self, layers: list[KFACLayer], sink: FactorSink) -> None:
         self.capturing = False
+        # True: G comes from `output_gradient`, called by a split backward.
+        self.gradients_from_schedule = False
         self._sink = sink
+        self._layer_of: dict[nn.Module, KFACLayer] = {layer.module: layer for layer in layers}
         self._handles: list[RemovableHandle] = [
             layer.module.register_forward_hook(self._forward_hook(layer)) for layer in layers
         ]
@@ -151,10 +168,24 @@ class FactorHooks:
                 return
             with torch.no_grad():
                 self._sink(layer, "A", a_factor(layer.module, inputs[0]))
-            if isinstance(output, torch.Tensor) and output.requires_grad:
+            if (
+                not self.gradients_from_schedule
+                and isinstance(output, torch.Tensor)
+                and output.requires_grad
+            ):
                 output.register_hook(self._gradient_hook(layer))
 
         return hook
+
+    def output_gradient(self, module: nn.Module, grads: list[torch.Tensor | None]) -> None:
+        """A split backward's final gradient of one call's output (`ooo.split`): G, when
+        this step captures factors and `module` is a K-FAC layer (Linear and Conv2d have
+        one output)."""
+        layer = self._layer_of.get(module)
+        if layer is None or not (self.capturing and module.training) or grads[0] is None:
+            return
+        with torch.no_grad():
+            self._sink(layer, "G", g_factor(layer.module, grads[0]))
 
     def _gradient_hook(self, layer: KFACLayer) -> Callable[[torch.Tensor], None]:
         def hook(grad_output: torch.Tensor) -> None:

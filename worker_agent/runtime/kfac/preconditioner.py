@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
@@ -134,6 +134,7 @@ class KFACPreconditioner:
         self._profiled: list[list[float]] = []
         self._placement: Placement | None = None
         self._decomposed_at: int | None = None
+        self._prepared = False  # `prepare` ran for the coming step
         self.times = StepTimes()
         self._hooks = FactorHooks(self.layers, self._on_factor)
         self._hooks.capturing = True
@@ -173,9 +174,23 @@ class KFACPreconditioner:
         finally:
             setattr(self.times, name, getattr(self.times, name) + time.perf_counter() - start)
 
+    def output_gradients_from_schedule(
+        self,
+    ) -> Callable[[nn.Module, list[torch.Tensor | None]], None]:
+        """For a backward split into dX and dW (`backprop: ooo`): from now on G comes
+        from the returned function, which the schedule calls once per layer call with
+        that call's final output gradient, instead of from tensor hooks."""
+        self._hooks.gradients_from_schedule = True
+        return self._hooks.output_gradient
+
     @torch.no_grad()
-    def step(self, learning_rate: float) -> None:
-        """Precondition every K-FAC layer's gradient in place; collective when distributed."""
+    def prepare(self) -> None:
+        """The part of the step that needs no gradient: the factors' exchange, their
+        running averages and the decompositions. Collective when distributed; `step`
+        runs it unless it ran since the last step, so that a schedule can run it while
+        the gradients are still being exchanged."""
+        if self._prepared:
+            return
         if self._hooks.capturing:
             with self._timed("factor_exchange"):
                 averaged = self.exchange.finish()
@@ -184,10 +199,17 @@ class KFACPreconditioner:
             self._decomposed_at is None or self.steps % self.settings.inv_update_steps == 0
         ):
             self._decompose()
+        self._prepared = True
+
+    @torch.no_grad()
+    def step(self, learning_rate: float) -> None:
+        """Precondition every K-FAC layer's gradient in place; collective when distributed."""
+        self.prepare()
         if self._curvature.decompositions:
             with self._timed("apply"):
                 self._apply(learning_rate)
         self.steps += 1
+        self._prepared = False
         self._hooks.capturing = self.steps % self.settings.factor_update_steps == 0
         if self._hooks.capturing:
             self.exchange.begin()
@@ -346,6 +368,7 @@ class KFACPreconditioner:
         )
         self.steps = int(state["steps"])
         self._decomposed_at = state["decomposed_at"]
+        self._prepared = False
         self._hooks.capturing = self.steps % self.settings.factor_update_steps == 0
         self.exchange.begin()
 

@@ -22,11 +22,22 @@ order. Each layer is therefore exchanged with its own `all_reduce(async_op=True)
 
 Structured partial backprop composes through `set_contributors`: a layer of stage s is
 averaged over the ranks that train s; the others send zeros and receive that mean.
+
+An optimizer whose update of one layer depends on every layer's gradient cannot update
+layer by layer. K-FAC is one (`optimizer: kfac`): its KL clip scales every layer's
+preconditioned gradient by one factor computed from all of them, and the first layer
+the next forward needs, layer 0, has its G factor produced last by backward. No layer's
+K-FAC update is known before every exchange is in, so deferring updates into the next
+forward could not start it earlier. With `whole_step`, `step()` runs the optimizer's
+gradient-independent work (K-FAC's factor exchange and decompositions) while the layer
+exchanges travel, then waits for all of them and steps the optimizer once: the same
+update as standard backprop's, with nothing left pending for `flush`, a checkpoint or
+an SPB depth change (which changes K-FAC's factor contributors) at the next iteration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
-from worker_agent.runtime.ooo.split import GraphCut, Piece
+from worker_agent.runtime.ooo.split import GraphCut, OutputGradientSink, Piece
 
 
 @dataclass(eq=False)
@@ -62,13 +73,25 @@ class _Iteration:
 class ReverseFirstK:
     """The backward schedule of reverse first-k over the default process group."""
 
-    def __init__(self, model: nn.Module, optimizer: Optimizer, first_k: int | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        first_k: int | None = None,
+        *,
+        output_gradients: OutputGradientSink | None = None,
+        whole_step: Callable[[], None] | None = None,
+    ) -> None:
+        """`whole_step`: None to update each layer before its next forward; else the
+        optimizer's work that needs no gradient, and all layers are updated in `step()`
+        by one optimizer step (see the module doc)."""
         self._model = model
         self._optimizer = optimizer
         self._first_k = first_k
+        self._whole_step = whole_step
         self._rank = dist.get_rank()
         self._world_size = dist.get_world_size()
-        self._cut = GraphCut(model)
+        self._cut = GraphCut(model, output_gradients)
         self._called: list[nn.Module] = []
         self._layers: list[Layer] | None = None
         self._layer_of_module: dict[nn.Module, Layer] = {}
@@ -154,8 +177,15 @@ class ReverseFirstK:
         self._launch_ready(state, force=True)
 
     def step(self) -> None:
-        # Each layer's update is applied right before its next forward.
-        pass
+        if self._whole_step is None:
+            return  # each layer's update is applied right before its next forward
+        self._whole_step()
+        layers = [layer for layer in self._layers or [] if layer.exchange is not None]
+        for layer in layers:
+            self._average(layer)
+        self._optimizer.step()
+        for layer in layers:
+            self._updated(layer)
 
     def flush(self) -> None:
         for layer in self._layers or []:
@@ -187,6 +217,8 @@ class ReverseFirstK:
 
     def _launch(self, layer: Layer) -> None:
         if layer.buffer is not None:
+            if self._whole_step is not None:
+                raise RuntimeError("each backward needs its step() before the next one")
             # The last forward skipped this layer's module: its previous update is still
             # pending. Apply it, keeping the gradient just computed for this exchange.
             current = [p.grad for p in layer.params]
@@ -204,6 +236,13 @@ class ReverseFirstK:
     def _apply(self, layer: Layer) -> None:
         if layer.buffer is None or layer.exchange is None:
             return
+        self._average(layer)
+        _step_only(self._optimizer, layer.params)
+        self._updated(layer)
+
+    def _average(self, layer: Layer) -> None:
+        """Wait for the layer's exchange; its parameters' `.grad` is then the mean."""
+        assert layer.buffer is not None and layer.exchange is not None
         layer.exchange.wait()
         count = self._world_size if layer.contributors is None else len(layer.contributors)
         mean = layer.buffer.div_(count)
@@ -211,7 +250,8 @@ class ReverseFirstK:
         for p in layer.params:
             p.grad = mean[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
-        _step_only(self._optimizer, layer.params)
+
+    def _updated(self, layer: Layer) -> None:
         for p in layer.params:
             p.grad = None
         layer.buffer, layer.exchange = None, None

@@ -9,6 +9,7 @@ touch gradients or the optimizer itself.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -16,8 +17,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from worker_agent.runtime.kfac import KFACSGD
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
-from worker_agent.runtime.ooo.split import GraphCut
+from worker_agent.runtime.ooo.split import GraphCut, OutputGradientSink
 
 
 class BackpropSchedule(Protocol):
@@ -60,9 +62,14 @@ class DeferredWeightBackprop(StandardBackprop):
     (see README, "Out-of-order backprop").
     """
 
-    def __init__(self, model: nn.Module, optimizer: Optimizer) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        output_gradients: OutputGradientSink | None = None,
+    ) -> None:
         super().__init__(optimizer)
-        self._cut = GraphCut(model)
+        self._cut = GraphCut(model, output_gradients)
 
     def backward(self, loss: torch.Tensor) -> None:
         pieces = self._cut.collect(loss)
@@ -74,7 +81,19 @@ class DeferredWeightBackprop(StandardBackprop):
 def out_of_order(
     model: nn.Module, optimizer: Optimizer, first_k: int | None = None
 ) -> DeferredWeightBackprop | ReverseFirstK:
-    """`backprop: ooo`: reverse first-k over the default group, or one device's schedule."""
+    """`backprop: ooo`: reverse first-k over the default group, or one device's schedule.
+
+    With K-FAC, its G factors come from the split backward, and reverse first-k updates
+    every layer in one K-FAC step once all exchanges are in (`reverse_first_k`'s doc
+    says why); the parameters are standard K-FAC's.
+    """
+    gradients: OutputGradientSink | None = None
+    whole_step: Callable[[], None] | None = None
+    if isinstance(optimizer, KFACSGD):
+        gradients = optimizer.preconditioner.output_gradients_from_schedule()
+        whole_step = optimizer.preconditioner.prepare
     if dist.is_initialized() and dist.get_world_size() > 1:
-        return ReverseFirstK(model, optimizer, first_k)
-    return DeferredWeightBackprop(model, optimizer)
+        return ReverseFirstK(
+            model, optimizer, first_k, output_gradients=gradients, whole_step=whole_step
+        )
+    return DeferredWeightBackprop(model, optimizer, gradients)

@@ -19,6 +19,12 @@ its dW in the dX pass too (its `needs_input_grad` is fixed at forward), which is
 work, never a wrong gradient. The price is one autograd call per piece, and that an
 in-place operation on a cut output is refused by autograd (the built-in workloads have
 none).
+
+A tensor hook on a module's output does not see that output's gradient exactly once:
+it runs when the dX pass starts from the output and again when a dW starts from the
+output's node (resnet's convolutions count twice). Whoever needs each call's output
+gradient once (K-FAC's G factors) takes it from `output_gradients`, called as soon as
+the dX chain has completed it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd.graph import GradientEdge, Node
+
+# Called once per call of a parameter-owning module in a backward, with the gradients of
+# that call's outputs (None where the loss does not depend on one), once they are final.
+OutputGradientSink = Callable[[nn.Module, list[torch.Tensor | None]], None]
 
 
 @dataclass(eq=False)
@@ -69,7 +79,10 @@ class _Branch:
 class GraphCut:
     """Records the pieces of each forward pass of `model` with gradients enabled."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(
+        self, model: nn.Module, output_gradients: OutputGradientSink | None = None
+    ) -> None:
+        self._output_gradients = output_gradients
         self._pieces: list[Piece] = []
         # Which piece a cut leaf belongs to and at which output position.
         self._owner: dict[int, tuple[Piece, int]] = {}
@@ -136,6 +149,11 @@ class GraphCut:
         done, top piece first: where a schedule interleaves a piece's dW.
         """
         for piece in reversed(pieces):
+            # Every consumer of this piece's outputs comes later in the forward, so its
+            # share has been added by now: the gradients are final.
+            sink = self._output_gradients
+            if sink is not None and piece.module is not None and piece.has_grad:
+                sink(piece.module, list(piece.grads))
             self._propagate(piece)
             if after is not None:
                 after(piece)
