@@ -63,6 +63,8 @@ MAX_GUESTS = 64
 MAX_FAILURES = 8
 MAX_HOST_LOSS = 0.02
 EFFICIENCY_FLOORS = (0.5, 0.7, 0.8)
+GROW_FLOOR = 0.0
+MIN_GROW_SAVING = 600.0
 CONFIGS: tuple[SPBConfig, ...] = (
     SPBConfig(full_fraction=0.5, partial_depth=0.5),
     SPBConfig(full_fraction=0.5, partial_depth=0.25),
@@ -142,6 +144,8 @@ def schedule(
     max_guests: int = MAX_GUESTS,
     max_host_loss: float = MAX_HOST_LOSS,
     efficiency_floors: tuple[float, ...] = EFFICIENCY_FLOORS,
+    grow_floor: float = GROW_FLOOR,
+    min_grow_saving: float = MIN_GROW_SAVING,
     spb_enabled: bool = True,
 ) -> Plan:
     every = snapshot.gpus_by_id()
@@ -156,28 +160,33 @@ def schedule(
         node_of={g.id: g.node_id for g in every.values()},
         memory_of={g.id: g.memory_bytes for g in every.values()},
     )
+    jobs = candidates(snapshot)
+    per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
+    floor = _shrink_floor(jobs, per_node, len(usable), efficiency_floors)
     ordered = sorted(
-        candidates(snapshot), key=lambda job: _order(job, snapshot, starvation_seconds, stickiness)
+        jobs,
+        key=lambda job: _order(job, snapshot, starvation_seconds, stickiness),
     )
     guests = _guests(snapshot)
 
-    # 2. Whole GPUs in order. A guest admitted moves to GPUs of its own when there are
-    # any, else it runs on where it is packed.
-    capacity = snapshot.alive_gpu_count()
-    budget = len(usable)
-    admitted = []
-    per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
-    floor = _shrink_floor(ordered, per_node, budget, efficiency_floors)
-    size: dict[int, int] = {}
-    for job in ordered:
-        size[job.id] = (
-            len(job.allocated_gpu_ids) if job.holding else _efficient_size(job, per_node, floor)
-        )
-        if size[job.id] <= min(budget, capacity):
-            admitted.append(job)
-            budget -= size[job.id]
+    # 2. Whole GPUs in order, each job sized for this round. A guest admitted moves to
+    # GPUs of its own when there are any, else it runs on where it is packed.
+    base, size = _size_jobs(
+        ordered,
+        guests,
+        budget=len(usable),
+        capacity=snapshot.alive_gpu_count(),
+        per_node=per_node,
+        floor=floor,
+    )
+    admitted = [job for job in ordered if job.id in size]
+    kept = {
+        job.id
+        for job in admitted
+        if job.holding and (job.id in guests or size[job.id] == len(job.allocated_gpu_ids))
+    }
     for job in admitted:
-        if job.holding and job.id not in guests:
+        if job.id in kept and job.id not in guests:
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
     packed = {g for job in snapshot.jobs if job.id in guests for g in job.allocated_gpu_ids}
     free: dict[int, list[GPUView]] = defaultdict(list)
@@ -188,7 +197,7 @@ def schedule(
     started: list[int] = []
     moved: list[int] = []
     for job in admitted:
-        if job.holding and job.id not in guests:
+        if job.id in kept and job.id not in guests:
             continue
         placed = pool.take(size[job.id])
         if placed is not None:
@@ -196,18 +205,28 @@ def schedule(
             started.append(job.id)
             if job.holding:
                 moved.append(job.id)
-    # Jobs shrunk while the cluster was crowded grow back once it has room.
-    for job in admitted:
-        if not job.holding or job.id not in layout.jobs or job.id in moved:
-            continue
-        target = _efficient_size(job, per_node, floor)
-        if target >= 2 * len(job.allocated_gpu_ids):
-            placed = pool.take(target)
-            if placed is not None:
-                layout.take(job.id)
-                layout.put(job, tuple(g.id for g in placed), _own_config(job))
-                started.append(job.id)
-                moved.append(job.id)
+    # Running jobs not admitted keep running where no newcomer needed their GPUs.
+    for job in ordered:
+        if (
+            job.holding
+            and job.id not in layout.jobs
+            and job.id not in guests
+            and all(g in usable and not layout.on_gpu.get(g) for g in job.allocated_gpu_ids)
+        ):
+            layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
+            pool.claim([usable[g] for g in job.allocated_gpu_ids])
+    _grow(
+        admitted,
+        guests,
+        layout,
+        pool,
+        usable,
+        started,
+        moved,
+        per_node,
+        grow_floor,
+        min_grow_saving,
+    )
     kept_guests = set()
     for job in ordered:
         if (
@@ -217,15 +236,6 @@ def schedule(
         ):
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
             kept_guests.add(job.id)
-
-    # Running jobs not admitted keep running where no newcomer needed their GPUs.
-    for job in ordered:
-        if (
-            job.holding
-            and job.id not in layout.jobs
-            and all(g in usable and not layout.on_gpu.get(g) for g in job.allocated_gpu_ids)
-        ):
-            layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
 
     # 3. Each job's best configuration alone (a guest keeps its own; a job whose spec
     # fixes its configuration, or turns SPB off, keeps what the spec says).
@@ -247,7 +257,7 @@ def schedule(
     rooms = _Rooms(layout, usable)
     failures = 0
     for job in waiting[:max_guests]:
-        if _pack(rooms, job, size[job.id], min_gain, max_host_loss):
+        if _pack(rooms, job, base[job.id], min_gain, max_host_loss):
             started.append(job.id)
             failures = 0
         else:
@@ -295,6 +305,124 @@ def _order(
     return (-job.priority, not starving, remaining, -arrived, job.id)
 
 
+def _base_size(job: JobView, per_node: int, floor: float) -> int:
+    held = len(job.allocated_gpu_ids)
+    size = _efficient_size(job, per_node, floor)
+    return min(size, held) if job.holding else size
+
+
+def _size_jobs(
+    ordered: list[JobView],
+    guests: set[int],
+    *,
+    budget: int,
+    capacity: int,
+    per_node: int,
+    floor: float,
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Each job's base size, and the GPUs of each job admitted this round (absent:
+    not admitted), in order.
+
+    First every job at its base size while GPUs remain: a waiting job its efficient
+    size at this round's shrink floor, a running one that size or less (it may have
+    grown past it). Then running jobs keep what they hold above their base, in order,
+    while GPUs remain (else they shrink to it).
+    """
+    base: dict[int, int] = {}
+    size: dict[int, int] = {}
+    for job in ordered:
+        held = len(job.allocated_gpu_ids)
+        base[job.id] = held if job.id in guests else _base_size(job, per_node, floor)
+        if base[job.id] <= min(budget, capacity):
+            size[job.id] = base[job.id]
+            budget -= base[job.id]
+    for job in ordered:
+        if job.id in size and job.holding and job.id not in guests:
+            extra = len(job.allocated_gpu_ids) - size[job.id]
+            if 0 < extra <= budget:
+                size[job.id] += extra
+                budget -= extra
+    return base, size
+
+
+def _grow(
+    admitted: list[JobView],
+    guests: set[int],
+    layout: _Layout,
+    pool: FreePool,
+    usable: dict[int, GPUView],
+    started: list[int],
+    moved: list[int],
+    per_node: int,
+    grow_floor: float,
+    min_grow_saving: float,
+) -> None:
+    """GPUs left free grow placed jobs, in order: each to the size that finishes it
+    soonest on the nodes the free GPUs are on (a gang spread thin can be slower than a
+    smaller one), among sizes at no less than `grow_floor` of its best progress per
+    GPU. A running job moves only when that saves it `min_grow_saving` seconds (its
+    restart included)."""
+    for job in admitted:
+        if pool.total == 0:
+            return
+        held = layout.gpus.get(job.id)
+        if job.id in guests or held is None or job.model is None or len(job.model.sizes) < 2:
+            continue
+        if any(g not in usable for g in held):
+            continue
+        mine = [usable[g] for g in held]
+        values = _per_gpu_values(job, per_node)
+        best_value = max(values.values())
+        fresh = job.id in started
+        chosen, soonest = 0, _remaining_on(job, len(held), layout.nodes[job.id])
+        if not fresh:
+            soonest -= min_grow_saving
+        for workers in job.model.sizes:
+            if workers <= len(held) or values[workers] < grow_floor * best_value:
+                continue
+            span = pool.span(workers, mine)
+            if span is None:
+                break
+            finish = _remaining_on(job, workers, span)
+            if finish < soonest:
+                chosen, soonest = workers, finish
+        if chosen:
+            config = layout.config[job.id]
+            layout.take(job.id)
+            pool.give(mine)
+            placed = pool.take(chosen)
+            assert placed is not None  # span said it fits
+            layout.put(job, tuple(g.id for g in placed), config)
+            if not fresh:
+                started.append(job.id)
+                moved.append(job.id)
+
+
+def remaining_seconds_at(job: JobView, workers: int, per_node: int) -> float:
+    """Seconds to finish on `workers` GPUs on the fewest nodes, full backprop."""
+    return _remaining_on(job, workers, -(-workers // per_node))
+
+
+def _remaining_on(job: JobView, workers: int, nodes: int) -> float:
+    """Seconds to finish on `workers` GPUs spanning `nodes` nodes, full backprop."""
+    assert job.model is not None
+    left = max(job.model.iterations_total - job.iterations_done, 0)
+    return left * job.model.step_at(workers, nodes)[0]
+
+
+def _per_gpu_values(job: JobView, per_node: int) -> dict[int, float]:
+    """Progress per GPU by size, on the fewest nodes (relative units)."""
+    assert job.model is not None
+    key = ("per_gpu", per_node)
+    if key not in job.model.memo:
+        values = {}
+        for workers in job.model.sizes:
+            step, _ = job.model.step_at(workers, -(-workers // per_node))
+            values[workers] = 1.0 / (step * workers)
+        job.model.memo[key] = values
+    return job.model.memo[key]  # type: ignore[return-value]
+
+
 def _shrink_floor(
     jobs: list[JobView], per_node: int, capacity: int, floors: tuple[float, ...]
 ) -> float:
@@ -321,13 +449,11 @@ def _efficient_size(job: JobView, per_node: int, floor: float) -> int:
 
 
 def _efficient_size_at(job: JobView, per_node: int, floor: float) -> int:
-    assert job.model is not None
-    per_gpu = {}
-    for workers in job.model.sizes:
-        step, _ = job.model.step_at(workers, -(-workers // per_node))
-        per_gpu[workers] = 1.0 / (step * workers)
-    best = max(per_gpu.values())
-    return max(w for w, value in per_gpu.items() if value >= floor * best)
+    # Shrink only: sizes above what the job asked for are for growing into idle GPUs.
+    values = _per_gpu_values(job, per_node)
+    asked = [w for w in values if w <= job.workers]
+    best = max(values[w] for w in asked)
+    return max(w for w in asked if values[w] >= floor * best)
 
 
 def _guests(snapshot: ClusterSnapshot) -> set[int]:

@@ -172,12 +172,13 @@ class Simulator:
 
     def _model(self, trace: TraceJob) -> JobModel:
         """Step times at the size asked for and, where the trace measures scaling, at
-        every smaller power of two (the sizes a policy may shrink the job to)."""
+        every power of two the cluster holds (the sizes a policy may resize the job
+        to; the Pollux profiles measure placements of 1 to 64 GPUs)."""
         per_node = self.cluster.gpus_per_node
         sizes = {trace.workers}
         if trace.speed.elastic:
             sizes.update(
-                1 << k for k in range(trace.workers.bit_length()) if 1 << k < trace.workers
+                1 << k for k in range(self.cluster.gpus.bit_length()) if 1 << k <= self.cluster.gpus
             )
         steps: dict[int, dict[int, tuple[float, float]]] = {}
         for workers in sorted(sizes):
