@@ -9,17 +9,23 @@ over jobs divided by the GPUs. Each round:
 
 1. Order the jobs that want or hold GPUs: priority first; then jobs starving (that
    have waited longer than `starvation_seconds` in all; they keep that place while they
-   run); then shortest remaining time (from the job's speed model), running jobs'
-   remaining time discounted by `stickiness` so that a small difference never pays a
-   restart.
+   run); then least remaining GPU-time (remaining time at the job's base size, below,
+   times that size: a narrow job a little longer goes before a wide one, which frees
+   more GPUs for everyone's benefit later), running jobs' discounted by `stickiness`
+   so that a small difference never pays a restart.
 2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
-   do). A waiting job gets what it asked for while all requests fit the cluster; else
-   the most GPUs it uses at no less than a floor of its best progress per GPU, the
-   mildest of `efficiency_floors` under which the requests fit. Kept running jobs stay
-   where they are; one shrunk earlier grows back (moves) when its size doubles and
-   free GPUs allow; admitted newcomers, and guests admitted to GPUs of their own, are
-   gang-placed on free GPUs; running jobs not admitted are suspended unless no
-   newcomer took their GPUs.
+   do). A job's base size is what it asked for while all requests fit the cluster;
+   else the most GPUs it uses at no less than a floor of its best progress per GPU,
+   the mildest of `efficiency_floors` under which the requests fit (a running job: that
+   or what it holds, whichever is less). Running jobs then keep what they hold above
+   their base while GPUs remain, in order, and shrink to it (move) when a job ahead
+   needs them, instead of being suspended. Kept jobs stay where they are; newcomers and
+   moved jobs are gang-placed on free GPUs; running jobs not admitted keep running
+   where nobody took their GPUs. GPUs still free then grow placed jobs, in order, each
+   to the size (including more than it asked for) that finishes it soonest on the
+   nodes those GPUs are on; a running job only when that saves it `min_grow_saving`
+   seconds, its restart included. Idle GPUs add nothing, so growth costs nothing until
+   a job ahead needs them back.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
@@ -32,12 +38,15 @@ over jobs divided by the GPUs. Each round:
    over-committed. A guest is placed only when the gain net of what its hosts lose is
    at least `min_gain` GPUs.
 
-Cost: sorting is O(J log J) for J jobs; admission and placement O(J + G) for G GPUs;
-packing O(G log G) to rank candidate GPUs once, then O(W) per guest of W workers over
-at most `max_guests` guests per round. Jobs without a speed model are scheduled like
-SRTF by iterations left and are never packed or given SPB. The policy chooses the SPB
-configuration only of jobs whose spec says `auto`: one that says `off` or fixes a
-configuration runs as its spec says, placed, kept or packed.
+Cost: sorting is O(J log J) for J jobs; sizing O(J) (per-job choices memoized on the
+model); placement O(J + G) for G GPUs; growth O(S x P) per job for S sizes and P GPUs
+per node (how a gang would spread is predicted from free counts per node), and stops
+when no GPU is free; packing O(G log G) to rank candidate GPUs once, then O(W) per
+guest of W workers over at most `max_guests` guests per round. Jobs without a speed
+model (or with one size, as on the real cluster) are never resized; without a model
+they are scheduled like SRTF by iterations left and are never packed or given SPB.
+The policy chooses the SPB configuration only of jobs whose spec says `auto`: one that
+says `off` or fixes a configuration runs as its spec says, placed, kept or packed.
 """
 
 from __future__ import annotations
@@ -63,7 +72,6 @@ MAX_GUESTS = 64
 MAX_FAILURES = 8
 MAX_HOST_LOSS = 0.02
 EFFICIENCY_FLOORS = (0.5, 0.7, 0.8)
-GROW_FLOOR = 0.0
 MIN_GROW_SAVING = 600.0
 CONFIGS: tuple[SPBConfig, ...] = (
     SPBConfig(full_fraction=0.5, partial_depth=0.5),
@@ -144,8 +152,8 @@ def schedule(
     max_guests: int = MAX_GUESTS,
     max_host_loss: float = MAX_HOST_LOSS,
     efficiency_floors: tuple[float, ...] = EFFICIENCY_FLOORS,
-    grow_floor: float = GROW_FLOOR,
     min_grow_saving: float = MIN_GROW_SAVING,
+    grow: bool = True,
     spb_enabled: bool = True,
 ) -> Plan:
     every = snapshot.gpus_by_id()
@@ -165,7 +173,7 @@ def schedule(
     floor = _shrink_floor(jobs, per_node, len(usable), efficiency_floors)
     ordered = sorted(
         jobs,
-        key=lambda job: _order(job, snapshot, starvation_seconds, stickiness),
+        key=lambda job: _order(job, snapshot, starvation_seconds, stickiness, per_node, floor),
     )
     guests = _guests(snapshot)
 
@@ -215,18 +223,17 @@ def schedule(
         ):
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
             pool.claim([usable[g] for g in job.allocated_gpu_ids])
-    _grow(
-        admitted,
-        guests,
-        layout,
-        pool,
-        usable,
-        started,
-        moved,
-        per_node,
-        grow_floor,
-        min_grow_saving,
-    )
+    if grow:
+        _grow(
+            admitted,
+            guests,
+            layout,
+            pool,
+            usable,
+            started,
+            moved,
+            min_grow_saving,
+        )
     kept_guests = set()
     for job in ordered:
         if (
@@ -294,15 +301,32 @@ def _own_config(job: JobView) -> SPBConfig | None:
 
 
 def _order(
-    job: JobView, snapshot: ClusterSnapshot, starvation_seconds: float, stickiness: float
+    job: JobView,
+    snapshot: ClusterSnapshot,
+    starvation_seconds: float,
+    stickiness: float,
+    per_node: int,
+    floor: float,
 ) -> tuple[int, bool, float, float, int]:
     arrived = (snapshot.now - job.created_at).total_seconds()
     waited = arrived - job.attained_gpu_seconds / job.workers
     # Time not holding GPUs stops growing once a job runs, so a job promoted for
     # starving keeps its place until it ends instead of being preempted next round.
     starving = waited > starvation_seconds
-    remaining = remaining_seconds(job) * (stickiness if job.holding else 1.0)
+    remaining = _remaining_gpu_seconds(job, per_node, floor)
+    if job.holding:
+        remaining *= stickiness
     return (-job.priority, not starving, remaining, -arrived, job.id)
+
+
+def _remaining_gpu_seconds(job: JobView, per_node: int, floor: float) -> float:
+    """What finishing the job costs the cluster: its remaining time at its base size
+    times that size (a small job that is a little longer beats a wide one, as SRSF);
+    without a speed model, its iterations left (as SRTF)."""
+    if job.model is None:
+        return remaining_seconds(job)
+    size = _base_size(job, per_node, floor)
+    return size * remaining_seconds_at(job, size, per_node)
 
 
 def _base_size(job: JobView, per_node: int, floor: float) -> int:
@@ -353,15 +377,13 @@ def _grow(
     usable: dict[int, GPUView],
     started: list[int],
     moved: list[int],
-    per_node: int,
-    grow_floor: float,
     min_grow_saving: float,
 ) -> None:
-    """GPUs left free grow placed jobs, in order: each to the size that finishes it
-    soonest on the nodes the free GPUs are on (a gang spread thin can be slower than a
-    smaller one), among sizes at no less than `grow_floor` of its best progress per
-    GPU. A running job moves only when that saves it `min_grow_saving` seconds (its
-    restart included)."""
+    """GPUs nobody else is admitted to grow placed jobs, in order: each to the size
+    that finishes it soonest on the nodes the free GPUs are on (a gang spread thin can
+    be slower than a smaller one on one node). Idle, those GPUs would add nothing; a
+    running job moves only when that saves it `min_grow_saving` seconds, its restart
+    included."""
     for job in admitted:
         if pool.total == 0:
             return
@@ -371,14 +393,12 @@ def _grow(
         if any(g not in usable for g in held):
             continue
         mine = [usable[g] for g in held]
-        values = _per_gpu_values(job, per_node)
-        best_value = max(values.values())
         fresh = job.id in started
         chosen, soonest = 0, _remaining_on(job, len(held), layout.nodes[job.id])
         if not fresh:
             soonest -= min_grow_saving
         for workers in job.model.sizes:
-            if workers <= len(held) or values[workers] < grow_floor * best_value:
+            if workers <= len(held):
                 continue
             span = pool.span(workers, mine)
             if span is None:
