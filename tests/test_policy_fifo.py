@@ -10,7 +10,7 @@ import pytest
 
 from scheduler.plan import Placement
 from scheduler.policies import POLICIES, get_policy
-from scheduler.policies.fifo import schedule
+from scheduler.policies.fifo import FreePool, schedule
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
 from scheduler.states import JobState
 
@@ -62,6 +62,23 @@ def placed(snap: ClusterSnapshot) -> dict[int, tuple[int, ...]]:
     plan = schedule(snap)
     assert plan.suspend == () and plan.stop == ()
     return {placement.job_id: placement.gpu_ids for placement in plan.start}
+
+
+def test_free_pool_predicts_its_spread_and_takes_gpus_back_or_out() -> None:
+    # Node a has 3 free GPUs, node b 1.
+    nodes = cluster({"a": 3, "b": 1})
+    pool = FreePool({node.id: node.gpus for node in nodes})
+    assert (pool.span(3), pool.span(4), pool.span(5)) == (1, 2, None)
+    taken = pool.take(3)
+    assert taken is not None and {g.node_name for g in taken} == {"a"}
+    assert (pool.total, pool.span(2), pool.span(2, plus=taken[:1])) == (1, None, 2)
+    assert pool.span(3, plus=taken) == 1
+    pool.give(taken)
+    assert (pool.total, pool.span(3)) == (4, 1)
+    pool.claim([taken[0], taken[0]])  # a GPU no longer free is not taken twice
+    assert (pool.total, pool.span(3)) == (3, 2)
+    again = pool.take(3)
+    assert again is not None and taken[0] not in again
 
 
 def test_jobs_are_placed_whole_in_fifo_order() -> None:

@@ -159,6 +159,60 @@ def test_a_wasteful_job_is_shrunk_only_while_the_cluster_is_crowded() -> None:
     assert sorted(len(p.gpu_ids) for p in crowded.start) == [2, 2]
 
 
+def test_the_job_that_costs_the_cluster_least_to_finish_goes_first() -> None:
+    # 60 s on all 8 GPUs against 100 s on one: the narrow job needs 100 GPU-seconds,
+    # the wide one 480, so the narrow one goes first (shortest time first would not).
+    wide = job(1, 8, model(8, 60))
+    narrow = job(2, 1, model(1, 100))
+    plan = jigsaw.schedule(snap(nodes(1, 8), wide, narrow))
+    assert [p.job_id for p in plan.start] == [2]
+
+
+def test_idle_gpus_grow_a_job_to_the_size_that_finishes_it_soonest() -> None:
+    # Asked for 2 GPUs; on 4 it is faster, on 8 slower again (synchronisation-bound):
+    # alone on a node of 8 it starts on 4.
+    growable = model(2, 1000, sizes={1: 1.8, 4: 0.6, 8: 0.7})
+    plan = jigsaw.schedule(snap(nodes(1, 8), job(1, 2, growable)))
+    assert [len(p.gpu_ids) for p in plan.start] == [4]
+
+
+def test_a_job_does_not_grow_onto_gpus_spread_over_nodes_that_slow_it() -> None:
+    # One GPU free on each of two nodes: 2 GPUs on one node would be faster than 1,
+    # across the two nodes slower, so the job stays on one.
+    spread = JobModel(
+        iterations_total=1000,
+        workers=1,
+        steps={1: {1: (1.0, 0.0)}, 2: {1: (0.6, 0.0), 2: (1.5, 0.0)}},
+    )
+    busy = {g: 3 for g in (100, 101, 102)} | {g: 4 for g in (200, 201, 202)}
+    plan = jigsaw.schedule(
+        snap(
+            nodes(2, 4, held=busy),
+            job(3, 3, model(3, 100_000), state=JobState.RUNNING, gpus=(100, 101, 102)),
+            job(4, 3, model(3, 100_000), state=JobState.RUNNING, gpus=(200, 201, 202)),
+            job(5, 1, spread),
+        )
+    )
+    assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(5, 1)]
+    assert plan.suspend == ()
+
+
+def test_a_grown_job_shrinks_back_for_a_newcomer_instead_of_being_suspended() -> None:
+    grown = job(
+        1,
+        2,
+        model(2, 100_000, sizes={4: 0.6}),
+        state=JobState.RUNNING,
+        gpus=(100, 101, 102, 103),
+    )
+    newcomer = job(2, 2, model(2, 10))
+    plan = jigsaw.schedule(
+        snap(nodes(1, 4, held=dict.fromkeys(range(100, 104), 1)), grown, newcomer)
+    )
+    assert sorted((p.job_id, len(p.gpu_ids)) for p in plan.start) == [(1, 2), (2, 2)]
+    assert plan.suspend == (1,)  # the loop stops it where it ran and restarts it on 2
+
+
 def test_without_a_speed_model_it_neither_packs_nor_reconfigures() -> None:
     running = job(1, 2, None, state=JobState.RUNNING, gpus=(100, 101))
     plan = jigsaw.schedule(snap(nodes(1, 2, held={100: 1, 101: 1}), running, job(2, 1, None)))

@@ -210,6 +210,24 @@ def test_jigsaw_runs_in_the_simulator_with_spb_and_packing(tmp_path: Path) -> No
     assert metrics["conflicts"] == 0
 
 
+def test_a_pollux_job_alone_grows_past_what_it_asked_for(tmp_path: Path) -> None:
+    # The profiles measure deepspeech2 at batch 640 on up to 64 GPUs, and it still
+    # speeds up past the 12 it asks for: alone on 16x4, JigSaw grows it to the size
+    # that finishes it soonest, well before its run alone on 12; Tiresias runs it as
+    # asked.
+    path = write(
+        tmp_path, "name,time,application,num_replicas,batch_size\nd,0,deepspeech2,12,640\n"
+    )
+    workload = load_workload(path, apps_dir=POLLUX / "apps")
+    results = {
+        name: Simulator(workload.jobs, ClusterShape.parse("16x4"), get_policy(name)).run()
+        for name in ("jigsaw", "tiresias")
+    }
+    grown, asked = (results[name].jobs[0] for name in ("jigsaw", "tiresias"))
+    assert asked.finish == pytest.approx(asked.alone_seconds + 30.0)  # one restart
+    assert grown.finish is not None and grown.finish < 0.8 * asked.alone_seconds
+
+
 def test_measured_spb_profiles_replace_the_assumed_defaults(tmp_path: Path) -> None:
     measured = default_profile("resnet").to_json() | {"workload": "resnet-synthetic"}
     measured["steps_ratio"] = {"0.5/0.5": 1.3}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -57,10 +57,62 @@ class FreePool:
         self._gpus = {node: list(gpus) for node, gpus in free.items() if gpus}
         self.total = sum(len(gpus) for gpus in self._gpus.values())
         self._heaps: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        self._counts = Counter(len(gpus) for gpus in self._gpus.values())  # nodes by free GPUs
         for gpus in self._gpus.values():
             self._heaps[len(gpus)].append(_node_key(gpus))
         for heap in self._heaps.values():
             heapq.heapify(heap)
+
+    def span(self, workers: int, plus: Sequence[GPUView] = ()) -> int | None:
+        """How many nodes `take(workers)` would spread the gang over were `plus` free
+        too (None: it would fail), without taking anything: the same choices on the
+        free counts alone, so it costs the GPUs per node, not the nodes."""
+        if self.total + len(plus) < workers:
+            return None
+        counts = Counter(self._counts)
+        for node, extra in Counter(gpu.node_id for gpu in plus).items():
+            had = len(self._gpus.get(node, ()))
+            if had:
+                counts[had] -= 1
+            counts[had + extra] += 1
+        nodes = 0
+        while workers > 0:
+            nodes += 1
+            fits = [c for c, n in counts.items() if n and c >= workers]
+            count = min(fits) if fits else max(c for c, n in counts.items() if n)
+            counts[count] -= 1
+            if count > workers:
+                counts[count - workers] += 1
+            workers -= min(count, workers)
+        return nodes
+
+    def give(self, gpus: Sequence[GPUView]) -> None:
+        """Put GPUs back (a job leaving the plan being built)."""
+        for gpu in gpus:
+            self._reset(gpu.node_id, [*self._gpus.get(gpu.node_id, []), gpu])
+            self.total += 1
+
+    def claim(self, gpus: Sequence[GPUView]) -> None:
+        """Take these GPUs out where they are free (a job kept where it runs)."""
+        for gpu in gpus:
+            free = self._gpus.get(gpu.node_id, [])
+            rest = [g for g in free if g.id != gpu.id]
+            if len(rest) < len(free):
+                self._reset(gpu.node_id, rest)
+                self.total -= 1
+
+    def _reset(self, node: int, gpus: list[GPUView]) -> None:
+        """Node `node` now has `gpus` free (stale heap entries are dropped lazily)."""
+        had = len(self._gpus.get(node, ()))
+        if had:
+            self._counts[had] -= 1
+        if gpus:
+            gpus.sort(key=lambda g: g.index)
+            self._gpus[node] = gpus
+            self._counts[len(gpus)] += 1
+            heapq.heappush(self._heaps[len(gpus)], _node_key(gpus))
+        else:
+            self._gpus.pop(node, None)
 
     def _first(self, count: int) -> int | None:
         """The first node (by name) with exactly `count` free GPUs."""
@@ -91,8 +143,10 @@ class FreePool:
             taken, rest = gpus[:needed], gpus[needed:]
             chosen.extend(taken)
             self.total -= len(taken)
+            self._counts[len(gpus)] -= 1
             if rest:
                 self._gpus[node] = rest
+                self._counts[len(rest)] += 1
                 heapq.heappush(self._heaps[len(rest)], _node_key(rest))
                 if len(rest) not in counts:
                     counts = sorted({*counts, len(rest)}, reverse=True)

@@ -9,17 +9,23 @@ over jobs divided by the GPUs. Each round:
 
 1. Order the jobs that want or hold GPUs: priority first; then jobs starving (that
    have waited longer than `starvation_seconds` in all; they keep that place while they
-   run); then shortest remaining time (from the job's speed model), running jobs'
-   remaining time discounted by `stickiness` so that a small difference never pays a
-   restart.
+   run); then least remaining GPU-time (remaining time at the job's base size, below,
+   times that size: a narrow job a little longer goes before a wide one, which frees
+   more GPUs for everyone's benefit later), running jobs' discounted by `stickiness`
+   so that a small difference never pays a restart.
 2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
-   do). A waiting job gets what it asked for while all requests fit the cluster; else
-   the most GPUs it uses at no less than a floor of its best progress per GPU, the
-   mildest of `efficiency_floors` under which the requests fit. Kept running jobs stay
-   where they are; one shrunk earlier grows back (moves) when its size doubles and
-   free GPUs allow; admitted newcomers, and guests admitted to GPUs of their own, are
-   gang-placed on free GPUs; running jobs not admitted are suspended unless no
-   newcomer took their GPUs.
+   do). A job's base size is what it asked for while all requests fit the cluster;
+   else the most GPUs it uses at no less than a floor of its best progress per GPU,
+   the mildest of `efficiency_floors` under which the requests fit (a running job: that
+   or what it holds, whichever is less). Running jobs then keep what they hold above
+   their base while GPUs remain, in order, and shrink to it (move) when a job ahead
+   needs them, instead of being suspended. Kept jobs stay where they are; newcomers and
+   moved jobs are gang-placed on free GPUs; running jobs not admitted keep running
+   where nobody took their GPUs. GPUs still free then grow placed jobs, in order, each
+   to the size (including more than it asked for) that finishes it soonest on the
+   nodes those GPUs are on; a running job only when that saves it `min_grow_saving`
+   seconds, its restart included. Idle GPUs add nothing, so growth costs nothing until
+   a job ahead needs them back.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
@@ -32,12 +38,15 @@ over jobs divided by the GPUs. Each round:
    over-committed. A guest is placed only when the gain net of what its hosts lose is
    at least `min_gain` GPUs.
 
-Cost: sorting is O(J log J) for J jobs; admission and placement O(J + G) for G GPUs;
-packing O(G log G) to rank candidate GPUs once, then O(W) per guest of W workers over
-at most `max_guests` guests per round. Jobs without a speed model are scheduled like
-SRTF by iterations left and are never packed or given SPB. The policy chooses the SPB
-configuration only of jobs whose spec says `auto`: one that says `off` or fixes a
-configuration runs as its spec says, placed, kept or packed.
+Cost: sorting is O(J log J) for J jobs; sizing O(J) (per-job choices memoized on the
+model); placement O(J + G) for G GPUs; growth O(S x P) per job for S sizes and P GPUs
+per node (how a gang would spread is predicted from free counts per node), and stops
+when no GPU is free; packing O(G log G) to rank candidate GPUs once, then O(W) per
+guest of W workers over at most `max_guests` guests per round. Jobs without a speed
+model (or with one size, as on the real cluster) are never resized; without a model
+they are scheduled like SRTF by iterations left and are never packed or given SPB.
+The policy chooses the SPB configuration only of jobs whose spec says `auto`: one that
+says `off` or fixes a configuration runs as its spec says, placed, kept or packed.
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ MAX_GUESTS = 64
 MAX_FAILURES = 8
 MAX_HOST_LOSS = 0.02
 EFFICIENCY_FLOORS = (0.5, 0.7, 0.8)
+MIN_GROW_SAVING = 600.0
 CONFIGS: tuple[SPBConfig, ...] = (
     SPBConfig(full_fraction=0.5, partial_depth=0.5),
     SPBConfig(full_fraction=0.5, partial_depth=0.25),
@@ -142,6 +152,8 @@ def schedule(
     max_guests: int = MAX_GUESTS,
     max_host_loss: float = MAX_HOST_LOSS,
     efficiency_floors: tuple[float, ...] = EFFICIENCY_FLOORS,
+    min_grow_saving: float = MIN_GROW_SAVING,
+    grow: bool = True,
     spb_enabled: bool = True,
 ) -> Plan:
     every = snapshot.gpus_by_id()
@@ -156,28 +168,33 @@ def schedule(
         node_of={g.id: g.node_id for g in every.values()},
         memory_of={g.id: g.memory_bytes for g in every.values()},
     )
+    jobs = candidates(snapshot)
+    per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
+    floor = _shrink_floor(jobs, per_node, len(usable), efficiency_floors)
     ordered = sorted(
-        candidates(snapshot), key=lambda job: _order(job, snapshot, starvation_seconds, stickiness)
+        jobs,
+        key=lambda job: _order(job, snapshot, starvation_seconds, stickiness, per_node, floor),
     )
     guests = _guests(snapshot)
 
-    # 2. Whole GPUs in order. A guest admitted moves to GPUs of its own when there are
-    # any, else it runs on where it is packed.
-    capacity = snapshot.alive_gpu_count()
-    budget = len(usable)
-    admitted = []
-    per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
-    floor = _shrink_floor(ordered, per_node, budget, efficiency_floors)
-    size: dict[int, int] = {}
-    for job in ordered:
-        size[job.id] = (
-            len(job.allocated_gpu_ids) if job.holding else _efficient_size(job, per_node, floor)
-        )
-        if size[job.id] <= min(budget, capacity):
-            admitted.append(job)
-            budget -= size[job.id]
+    # 2. Whole GPUs in order, each job sized for this round. A guest admitted moves to
+    # GPUs of its own when there are any, else it runs on where it is packed.
+    base, size = _size_jobs(
+        ordered,
+        guests,
+        budget=len(usable),
+        capacity=snapshot.alive_gpu_count(),
+        per_node=per_node,
+        floor=floor,
+    )
+    admitted = [job for job in ordered if job.id in size]
+    kept = {
+        job.id
+        for job in admitted
+        if job.holding and (job.id in guests or size[job.id] == len(job.allocated_gpu_ids))
+    }
     for job in admitted:
-        if job.holding and job.id not in guests:
+        if job.id in kept and job.id not in guests:
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
     packed = {g for job in snapshot.jobs if job.id in guests for g in job.allocated_gpu_ids}
     free: dict[int, list[GPUView]] = defaultdict(list)
@@ -188,7 +205,7 @@ def schedule(
     started: list[int] = []
     moved: list[int] = []
     for job in admitted:
-        if job.holding and job.id not in guests:
+        if job.id in kept and job.id not in guests:
             continue
         placed = pool.take(size[job.id])
         if placed is not None:
@@ -196,18 +213,27 @@ def schedule(
             started.append(job.id)
             if job.holding:
                 moved.append(job.id)
-    # Jobs shrunk while the cluster was crowded grow back once it has room.
-    for job in admitted:
-        if not job.holding or job.id not in layout.jobs or job.id in moved:
-            continue
-        target = _efficient_size(job, per_node, floor)
-        if target >= 2 * len(job.allocated_gpu_ids):
-            placed = pool.take(target)
-            if placed is not None:
-                layout.take(job.id)
-                layout.put(job, tuple(g.id for g in placed), _own_config(job))
-                started.append(job.id)
-                moved.append(job.id)
+    # Running jobs not admitted keep running where no newcomer needed their GPUs.
+    for job in ordered:
+        if (
+            job.holding
+            and job.id not in layout.jobs
+            and job.id not in guests
+            and all(g in usable and not layout.on_gpu.get(g) for g in job.allocated_gpu_ids)
+        ):
+            layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
+            pool.claim([usable[g] for g in job.allocated_gpu_ids])
+    if grow:
+        _grow(
+            admitted,
+            guests,
+            layout,
+            pool,
+            usable,
+            started,
+            moved,
+            min_grow_saving,
+        )
     kept_guests = set()
     for job in ordered:
         if (
@@ -217,15 +243,6 @@ def schedule(
         ):
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
             kept_guests.add(job.id)
-
-    # Running jobs not admitted keep running where no newcomer needed their GPUs.
-    for job in ordered:
-        if (
-            job.holding
-            and job.id not in layout.jobs
-            and all(g in usable and not layout.on_gpu.get(g) for g in job.allocated_gpu_ids)
-        ):
-            layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
 
     # 3. Each job's best configuration alone (a guest keeps its own; a job whose spec
     # fixes its configuration, or turns SPB off, keeps what the spec says).
@@ -247,7 +264,7 @@ def schedule(
     rooms = _Rooms(layout, usable)
     failures = 0
     for job in waiting[:max_guests]:
-        if _pack(rooms, job, size[job.id], min_gain, max_host_loss):
+        if _pack(rooms, job, base[job.id], min_gain, max_host_loss):
             started.append(job.id)
             failures = 0
         else:
@@ -284,15 +301,146 @@ def _own_config(job: JobView) -> SPBConfig | None:
 
 
 def _order(
-    job: JobView, snapshot: ClusterSnapshot, starvation_seconds: float, stickiness: float
+    job: JobView,
+    snapshot: ClusterSnapshot,
+    starvation_seconds: float,
+    stickiness: float,
+    per_node: int,
+    floor: float,
 ) -> tuple[int, bool, float, float, int]:
     arrived = (snapshot.now - job.created_at).total_seconds()
     waited = arrived - job.attained_gpu_seconds / job.workers
     # Time not holding GPUs stops growing once a job runs, so a job promoted for
     # starving keeps its place until it ends instead of being preempted next round.
     starving = waited > starvation_seconds
-    remaining = remaining_seconds(job) * (stickiness if job.holding else 1.0)
+    remaining = _remaining_gpu_seconds(job, per_node, floor)
+    if job.holding:
+        remaining *= stickiness
     return (-job.priority, not starving, remaining, -arrived, job.id)
+
+
+def _remaining_gpu_seconds(job: JobView, per_node: int, floor: float) -> float:
+    """What finishing the job costs the cluster: its remaining time at its base size
+    times that size (a small job that is a little longer beats a wide one, as SRSF);
+    without a speed model, its iterations left (as SRTF)."""
+    if job.model is None:
+        return remaining_seconds(job)
+    size = _base_size(job, per_node, floor)
+    return size * remaining_seconds_at(job, size, per_node)
+
+
+def _base_size(job: JobView, per_node: int, floor: float) -> int:
+    held = len(job.allocated_gpu_ids)
+    size = _efficient_size(job, per_node, floor)
+    return min(size, held) if job.holding else size
+
+
+def _size_jobs(
+    ordered: list[JobView],
+    guests: set[int],
+    *,
+    budget: int,
+    capacity: int,
+    per_node: int,
+    floor: float,
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Each job's base size, and the GPUs of each job admitted this round (absent:
+    not admitted), in order.
+
+    First every job at its base size while GPUs remain: a waiting job its efficient
+    size at this round's shrink floor, a running one that size or less (it may have
+    grown past it). Then running jobs keep what they hold above their base, in order,
+    while GPUs remain (else they shrink to it).
+    """
+    base: dict[int, int] = {}
+    size: dict[int, int] = {}
+    for job in ordered:
+        held = len(job.allocated_gpu_ids)
+        base[job.id] = held if job.id in guests else _base_size(job, per_node, floor)
+        if base[job.id] <= min(budget, capacity):
+            size[job.id] = base[job.id]
+            budget -= base[job.id]
+    for job in ordered:
+        if job.id in size and job.holding and job.id not in guests:
+            extra = len(job.allocated_gpu_ids) - size[job.id]
+            if 0 < extra <= budget:
+                size[job.id] += extra
+                budget -= extra
+    return base, size
+
+
+def _grow(
+    admitted: list[JobView],
+    guests: set[int],
+    layout: _Layout,
+    pool: FreePool,
+    usable: dict[int, GPUView],
+    started: list[int],
+    moved: list[int],
+    min_grow_saving: float,
+) -> None:
+    """GPUs nobody else is admitted to grow placed jobs, in order: each to the size
+    that finishes it soonest on the nodes the free GPUs are on (a gang spread thin can
+    be slower than a smaller one on one node). Idle, those GPUs would add nothing; a
+    running job moves only when that saves it `min_grow_saving` seconds, its restart
+    included."""
+    for job in admitted:
+        if pool.total == 0:
+            return
+        held = layout.gpus.get(job.id)
+        if job.id in guests or held is None or job.model is None or len(job.model.sizes) < 2:
+            continue
+        if any(g not in usable for g in held):
+            continue
+        mine = [usable[g] for g in held]
+        fresh = job.id in started
+        chosen, soonest = 0, _remaining_on(job, len(held), layout.nodes[job.id])
+        if not fresh:
+            soonest -= min_grow_saving
+        for workers in job.model.sizes:
+            if workers <= len(held):
+                continue
+            span = pool.span(workers, mine)
+            if span is None:
+                break
+            finish = _remaining_on(job, workers, span)
+            if finish < soonest:
+                chosen, soonest = workers, finish
+        if chosen:
+            config = layout.config[job.id]
+            layout.take(job.id)
+            pool.give(mine)
+            placed = pool.take(chosen)
+            assert placed is not None  # span said it fits
+            layout.put(job, tuple(g.id for g in placed), config)
+            if not fresh:
+                started.append(job.id)
+                moved.append(job.id)
+
+
+def remaining_seconds_at(job: JobView, workers: int, per_node: int) -> float:
+    """Seconds to finish on `workers` GPUs on the fewest nodes, full backprop."""
+    return _remaining_on(job, workers, -(-workers // per_node))
+
+
+def _remaining_on(job: JobView, workers: int, nodes: int) -> float:
+    """Seconds to finish on `workers` GPUs spanning `nodes` nodes, full backprop."""
+    assert job.model is not None
+    left = max(job.model.iterations_total - job.iterations_done, 0)
+    return left * job.model.step_at(workers, nodes)[0]
+
+
+def _per_gpu_values(job: JobView, per_node: int) -> dict[int, float]:
+    """Progress per GPU by size, on the fewest nodes (relative units)."""
+    assert job.model is not None
+    key = ("per_gpu", per_node)
+    if key not in job.model.memo:
+        values = {}
+        for workers in job.model.sizes:
+            step, _ = job.model.step_at(workers, -(-workers // per_node))
+            values[workers] = 1.0 / (step * workers)
+        job.model.memo[key] = values
+    return job.model.memo[key]  # type: ignore[return-value]
 
 
 def _shrink_floor(
@@ -321,13 +469,11 @@ def _efficient_size(job: JobView, per_node: int, floor: float) -> int:
 
 
 def _efficient_size_at(job: JobView, per_node: int, floor: float) -> int:
-    assert job.model is not None
-    per_gpu = {}
-    for workers in job.model.sizes:
-        step, _ = job.model.step_at(workers, -(-workers // per_node))
-        per_gpu[workers] = 1.0 / (step * workers)
-    best = max(per_gpu.values())
-    return max(w for w, value in per_gpu.items() if value >= floor * best)
+    # Shrink only: sizes above what the job asked for are for growing into idle GPUs.
+    values = _per_gpu_values(job, per_node)
+    asked = [w for w in values if w <= job.workers]
+    best = max(values[w] for w in asked)
+    return max(w for w in asked if values[w] >= floor * best)
 
 
 def _guests(snapshot: ClusterSnapshot) -> set[int]:

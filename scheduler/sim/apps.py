@@ -123,6 +123,8 @@ class Application:
                 for r in scalability
             ]
         )
+        # The most GPUs a step time is measured on: sizes past it would be extrapolated.
+        self.max_replicas = max(int(r["num_replicas"]) for r in scalability)
         measured = max(float(r["local_bsz"]) for r in placements)
         self.max_local_batch = float(MAX_LOCAL_BATCH.get(self.name, measured))
         self._iterations: dict[int, int] = {}

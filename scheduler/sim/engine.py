@@ -28,7 +28,7 @@ from scheduler.jobmodel import JobModel, Shape, colocation_factors, stretched_st
 from scheduler.plan import Plan
 from scheduler.policies import Policy
 from scheduler.sim.profiles import memory_per_gpu, profile_for
-from scheduler.sim.trace import TraceJob
+from scheduler.sim.trace import MeasuredSpeed, TraceJob
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
 from scheduler.spb import SPBProfile
 from scheduler.states import JobState, can_transition
@@ -172,13 +172,13 @@ class Simulator:
 
     def _model(self, trace: TraceJob) -> JobModel:
         """Step times at the size asked for and, where the trace measures scaling, at
-        every smaller power of two (the sizes a policy may shrink the job to)."""
+        every power of two up to the most GPUs measured and the cluster holds (the
+        sizes a policy may resize the job to)."""
         per_node = self.cluster.gpus_per_node
         sizes = {trace.workers}
-        if trace.speed.elastic:
-            sizes.update(
-                1 << k for k in range(trace.workers.bit_length()) if 1 << k < trace.workers
-            )
+        if isinstance(trace.speed, MeasuredSpeed):
+            most = min(self.cluster.gpus, trace.speed.most_workers)
+            sizes.update(1 << k for k in range(most.bit_length()) if 1 << k <= most)
         steps: dict[int, dict[int, tuple[float, float]]] = {}
         for workers in sorted(sizes):
             fewest = math.ceil(workers / per_node)

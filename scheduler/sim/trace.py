@@ -65,6 +65,11 @@ class MeasuredSpeed:
     batch_size: int
     elastic: bool = True
 
+    @property
+    def most_workers(self) -> int:
+        """The most GPUs the application's step time is measured on."""
+        return self.application.max_replicas
+
     def step_time(self, placement: tuple[int, ...]) -> tuple[float, float]:
         return self.application.step_time(placement, self.batch_size)
 
