@@ -44,7 +44,8 @@ from worker_agent.runtime.ooo.schedules import (
     DeferredWeightBackprop,
     StandardBackprop,
 )
-from worker_agent.runtime.workloads.nets import TransformerLM
+from worker_agent.runtime.workloads.common import next_token_loss
+from worker_agent.runtime.workloads.nets import TransformerLM, TransformerPart
 
 VOCAB, SEQ = 512, 64
 
@@ -73,7 +74,7 @@ def _tokens(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     inputs, targets = batch
-    return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+    return next_token_loss(model(inputs), targets)
 
 
 def _mlp(width: int, layers: int) -> nn.Sequential:
@@ -165,20 +166,24 @@ def _pipeline(args: argparse.Namespace) -> Timings:
     for repeat in range(args.repeats):
         order = PIPELINE_SCHEDULES if repeat % 2 == 0 else tuple(reversed(PIPELINE_SCHEDULES))
         for name in order:
+            part = TransformerPart(
+                _transformer(args.pipeline_layers), dist.get_rank(), dist.get_world_size()
+            )
             trainer = PipelineTrainer(
-                _transformer(args.pipeline_layers),
+                part,
                 name,
                 args.microbatches,
-                lambda params: torch.optim.SGD(params, lr=0.01),
+                next_token_loss,
+                torch.optim.SGD(part.parameters(), lr=0.01),
                 torch.device("cpu"),
             )
             for _ in range(args.warmup):
-                trainer.step(inputs, targets)
+                trainer.train(inputs, targets)
             dist.barrier()
             trainer.busy.reset()
             start, cpu = time.perf_counter(), time.process_time()
             for _ in range(args.iterations):
-                trainer.step(inputs, targets)
+                trainer.train(inputs, targets)
             dist.barrier()
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             # Idle here is time outside the stage's compute calls, from their timestamps.
