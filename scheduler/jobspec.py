@@ -148,7 +148,8 @@ class JobSpec(StrictModel):
         le=100_000,
         description="With backprop ooo on several workers: how many layers from the input "
         "compute weight gradients after the output-gradient chain (reverse first-k); "
-        "null: all of them.",
+        "null: the platform chooses, in stages, from the model's measured costs and the "
+        "link speed measured at start.",
     )
     pipeline: PipelineConfig | None = Field(
         default=None,

@@ -69,7 +69,10 @@ class WorkerConfig(BaseModel):
         default="standard", description="The job spec's backward schedule."
     )
     ooo_first_k: int | None = Field(
-        default=None, ge=1, description="The job spec's k of reverse first-k (None: all layers)."
+        default=None,
+        ge=1,
+        description="The job spec's k of reverse first-k (None: chosen at start from rank "
+        "0's profile of the model and the link measured on the gang).",
     )
     pipeline: PipelineConfig | None = Field(
         default=None,

@@ -26,12 +26,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from scheduler import spb
+from scheduler.spb import SPBProfile
 from worker_agent.runtime import checkpoint, rng
 from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
 from worker_agent.runtime.kfac import KFACSGD
 from worker_agent.runtime.kfac.factors import layer_contributors
+from worker_agent.runtime.ooo.gang_first_k import agree_first_k, link_bytes_per_second
 from worker_agent.runtime.ooo.pipeline import PipelineTrainer
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
 from worker_agent.runtime.ooo.schedules import BackpropSchedule, StandardBackprop, out_of_order
@@ -197,6 +199,10 @@ class _Training:
             ddp.register_comm_hook(self._comm, CommMeter.hook)
             self._model = ddp
             self._backprop = StandardBackprop(self._optimizer)
+        # A reverse first-k whose k the spec leaves to us: chosen when the gang is up.
+        self._auto_first_k = (
+            isinstance(self._backprop, ReverseFirstK) and config.ooo_first_k is None
+        )
         self._batches = ShardedBatches(
             dataset,
             rank=context.replica,
@@ -219,8 +225,12 @@ class _Training:
             self._announce(f"resumed from the checkpoint at iteration {self.iteration}")
 
     def run(self) -> ExitStatus:
-        if self._config.profile and self._rank0 and self.iteration == 0:
-            self._profile()  # the peers wait for it at the first agreement
+        # The peers wait for rank 0's measurement at the next collective.
+        profile: SPBProfile | None = None
+        if self._rank0 and (self._auto_first_k or (self._config.profile and self.iteration == 0)):
+            profile = self._profile()
+        if self._auto_first_k:
+            self._choose_first_k(profile)
         # The first boundary of this process has no step to hide its agreement behind.
         agreed = self._agree_now(self._check(self.iteration))
         while True:
@@ -252,7 +262,7 @@ class _Training:
             f"configuration version {version} applied: spb {spb.config_key(self._partial.config)}"
         )
 
-    def _profile(self) -> None:
+    def _profile(self) -> SPBProfile:
         """Measure the model's per-stage costs on a copy (so that training, its RNG streams
         and BatchNorm statistics included, goes on as if it had not happened) and report
         them as the workload's model profile."""
@@ -269,6 +279,20 @@ class _Training:
             rng.restore(state)
         self._controller.profile(self._config.workload, profile.to_json())
         self._announce(f"measured the model: {len(profile.stages)} stages")
+        return profile
+
+    def _choose_first_k(self, profile: SPBProfile | None) -> None:
+        """Collective: reverse first-k's k from rank 0's profile of the model's stages and
+        the link measured on this gang (`ooo.gang_first_k`)."""
+        assert isinstance(self._backprop, ReverseFirstK)
+        cut = stages.build(self._net, self._trial.stages(self._net), self._config.spb_stages)
+        bandwidth = link_bytes_per_second(self._device)
+        k = agree_first_k(self._backprop, cut.modules, profile, bandwidth)
+        if self._rank0:
+            self._announce(
+                f"reverse first-k: the first {k} of {len(cut)} stages compute their weight "
+                f"gradients after the chain (link measured at {bandwidth / 1e6:.0f} MB/s)"
+            )
 
     def _check(self, boundary: int) -> Decision | None:
         if not self._rank0:
