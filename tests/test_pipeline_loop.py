@@ -106,6 +106,14 @@ def test_suspended_pipeline_resumes_where_an_uninterrupted_one_ends(tmp_path: Pa
             )
 
 
+def test_a_data_parallel_checkpoint_is_refused_by_a_pipeline(tmp_path: Path) -> None:
+    run_gang(worker_configs(2, checkpoint_dir=tmp_path, **{**_FIELDS, "max_iterations": 1}))
+    with pytest.raises(AssertionError, match="written by a data-parallel run, this is a pipeline"):
+        run_gang(
+            worker_configs(2, checkpoint_dir=tmp_path, pipeline=_pipeline(2, "gpipe"), **_FIELDS)
+        )
+
+
 def test_a_trial_without_pipeline_support_fails_with_the_reason() -> None:
     with pytest.raises(AssertionError, match="TinyTrial does not support pipeline parallelism"):
         run_gang(
