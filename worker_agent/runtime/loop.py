@@ -131,13 +131,15 @@ class _Training:
         # rank; per-rank streams start only after (and are what checkpoints restore).
         torch.manual_seed(config.seed)
         self._trial = load_trial(config.workload)(context)
-        model = self._trial.build_model().to(device)
-        # Every pipeline rank builds the whole model (rank 0 evaluates it) and trains the
-        # part the trial cuts for its stage.
+        model = self._trial.build_model()
+        # Every pipeline rank builds the whole model and trains the part the trial cuts
+        # for its stage; only rank 0, which evaluates the whole model, keeps all of it on
+        # the device.
         self._split: PipelineSplit | None = (
             self._trial.pipeline(model, pipeline.stages) if pipeline is not None else None
         )
         trained = self._split.parts[config.rank] if self._split is not None else model
+        (model if self._rank0 else trained).to(device)
         # K-FAC preconditions per layer, so it is built around the model, not its parameters.
         self._optimizer = (
             KFACSGD(model, config.hyperparameters.learning_rate)

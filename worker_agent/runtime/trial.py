@@ -104,9 +104,10 @@ class Trial(ABC):
         return [model]
 
     def pipeline(self, model: nn.Module, stages: int) -> PipelineSplit:
-        """`model` cut into `stages` consecutive parts, for jobs whose spec asks for a
-        pipeline. Batches of such a trial are `(inputs, targets)` pairs of tensors that
-        split along their first dimension into microbatches.
+        """`model` (on the CPU) cut into `stages` consecutive parts, for jobs whose spec
+        asks for a pipeline; the runtime moves each rank's part to its device. Batches of
+        such a trial are `(inputs, targets)` pairs of tensors that split along their
+        first dimension into microbatches.
 
         The default: not supported.
         """
