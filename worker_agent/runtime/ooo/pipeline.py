@@ -146,10 +146,11 @@ class PipelineTrainer:
         # (they have a group of their own), so the scalar is never matched with one.
         if self.last:
             assert loss is not None, "the last stage computes the loss"
-            dist.send(loss, dst=self._ranks[0])
+            # float32 whatever the loss's precision: the receiver's buffer is.
+            dist.send(loss.float(), dst=self._ranks[0])
         if not self.first:
             return None
-        received = torch.empty((), device=self.stage.device)
+        received = torch.empty((), dtype=torch.float32, device=self.stage.device)
         dist.recv(received, src=self._ranks[-1])
         return received
 
