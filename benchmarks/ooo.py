@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.harness import emit
 from worker_agent.runtime.gang import run_local_gang
-from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, PipelineTrainer
+from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
 from worker_agent.runtime.ooo.schedules import (
     BackpropSchedule,
@@ -169,6 +169,7 @@ def _pipeline(args: argparse.Namespace) -> Timings:
             part = TransformerPart(
                 _transformer(args.pipeline_layers), dist.get_rank(), dist.get_world_size()
             )
+            busy = BusyTime()
             trainer = PipelineTrainer(
                 part,
                 name,
@@ -176,20 +177,19 @@ def _pipeline(args: argparse.Namespace) -> Timings:
                 next_token_loss,
                 torch.optim.SGD(part.parameters(), lr=0.01),
                 torch.device("cpu"),
+                busy=busy,
             )
             for _ in range(args.warmup):
                 trainer.train(inputs, targets)
             dist.barrier()
-            trainer.busy.reset()
+            busy.reset()
             start, cpu = time.perf_counter(), time.process_time()
             for _ in range(args.iterations):
                 trainer.train(inputs, targets)
             dist.barrier()
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             # Idle here is time outside the stage's compute calls, from their timestamps.
-            sample = Sample(
-                wall / args.iterations, 1 - trainer.busy.seconds / wall, cpu / args.iterations
-            )
+            sample = Sample(wall / args.iterations, 1 - busy.seconds / wall, cpu / args.iterations)
             timings[name].append(_over_ranks(sample))
     return timings
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from tests.ooo_gang import run_on_gang
-from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, PipelineTrainer
+from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
 from worker_agent.runtime.workloads.common import next_token_loss
 from worker_agent.runtime.workloads.nets import TransformerLM, TransformerPart
 
@@ -42,6 +42,7 @@ def _losses_per_schedule() -> tuple[dict[str, list[float]], dict[str, set[str]]]
     calls: dict[str, set[str]] = {}
     for schedule in PIPELINE_SCHEDULES:
         part = TransformerPart(_model(), dist.get_rank(), dist.get_world_size())
+        busy = BusyTime()
         trainer = PipelineTrainer(
             part,
             schedule,
@@ -49,12 +50,13 @@ def _losses_per_schedule() -> tuple[dict[str, list[float]], dict[str, set[str]]]
             next_token_loss,
             _sgd(list(part.parameters())),
             torch.device("cpu"),
+            busy=busy,
         )
         steps = [trainer.train(inputs, targets) for inputs, targets in _batches()]
         reported = torch.tensor([float(s) if s is not None else 0.0 for s in steps])
         dist.all_reduce(reported)  # only the last stage's are non-zero
         losses[schedule] = reported.tolist()
-        calls[schedule] = {kind for kind, _, _ in trainer.busy.intervals}
+        calls[schedule] = {kind for kind, _, _ in busy.intervals}
     model = _model()
     optimizer = _sgd(list(model.parameters()))
     losses["one process"] = []

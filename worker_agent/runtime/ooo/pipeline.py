@@ -6,9 +6,9 @@ microbatch's backward as one piece; the zero-bubble schedule
 (`ScheduleInterleavedZeroBubble`, ZB1P of Qi et al., arXiv 2401.10241) splits it into
 the input-gradient part, sent upstream at once, and the weight-gradient part, run later
 to fill what would be bubbles: the paper's gradient fast-forwarding, in PyTorch's own
-runtime (`stage_backward_input` / `stage_backward_weight`). The training loop
-(`backprop` of a job whose spec has `pipeline`), `benchmarks/ooo.py` and the tests all
-train through `PipelineTrainer`.
+runtime (`stage_backward_input` / `stage_backward_weight`). The training loop (for a
+job whose spec has `pipeline`), `benchmarks/ooo.py` and the tests all train through
+`PipelineTrainer`.
 """
 
 from __future__ import annotations
@@ -78,22 +78,24 @@ class PipelineTrainer:
         optimizer: Optimizer,
         device: torch.device,
         group: dist.ProcessGroup | None = None,
+        busy: BusyTime | None = None,
     ) -> None:
+        """`busy`, if given, collects the stage's compute time (benchmarks, tests)."""
         self._ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
         self._group = group
         index, self.num_stages = dist.get_rank(group), len(self._ranks)
         self.first, self.last = index == 0, index == self.num_stages - 1
         self.part = part
         self.stage = PipelineStage(part, index, self.num_stages, device, group=group)
-        self.busy = BusyTime()
-        # The stage's compute calls, timed on this instance only (the idle fraction is
-        # what remains of the step).
-        for kind, name in (
-            ("F", "forward_one_chunk"),
-            ("B", "backward_one_chunk"),
-            ("W", "backward_weight_one_chunk"),
-        ):
-            setattr(self.stage, name, self.busy.wrap(kind, getattr(self.stage, name)))
+        if busy is not None:
+            # The stage's compute calls, timed on this instance only (the idle fraction
+            # is what remains of the step).
+            for kind, name in (
+                ("F", "forward_one_chunk"),
+                ("B", "backward_one_chunk"),
+                ("W", "backward_weight_one_chunk"),
+            ):
+                setattr(self.stage, name, busy.wrap(kind, getattr(self.stage, name)))
         self.optimizer = optimizer
         if schedule == "gpipe":
             self.schedule: Any = ScheduleGPipe(self.stage, n_microbatches, loss_fn=loss_fn)
