@@ -37,14 +37,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.harness import emit
 from worker_agent.runtime.gang import run_local_gang
-from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, PipelineTrainer
+from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
 from worker_agent.runtime.ooo.schedules import (
     BackpropSchedule,
     DeferredWeightBackprop,
     StandardBackprop,
 )
-from worker_agent.runtime.workloads.nets import TransformerLM
+from worker_agent.runtime.workloads.common import next_token_loss
+from worker_agent.runtime.workloads.nets import TransformerLM, TransformerPart
 
 VOCAB, SEQ = 512, 64
 
@@ -73,7 +74,7 @@ def _tokens(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     inputs, targets = batch
-    return F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+    return next_token_loss(model(inputs), targets)
 
 
 def _mlp(width: int, layers: int) -> nn.Sequential:
@@ -165,26 +166,30 @@ def _pipeline(args: argparse.Namespace) -> Timings:
     for repeat in range(args.repeats):
         order = PIPELINE_SCHEDULES if repeat % 2 == 0 else tuple(reversed(PIPELINE_SCHEDULES))
         for name in order:
+            part = TransformerPart(
+                _transformer(args.pipeline_layers), dist.get_rank(), dist.get_world_size()
+            )
+            busy = BusyTime()
             trainer = PipelineTrainer(
-                _transformer(args.pipeline_layers),
+                part,
                 name,
                 args.microbatches,
-                lambda params: torch.optim.SGD(params, lr=0.01),
+                next_token_loss,
+                torch.optim.SGD(part.parameters(), lr=0.01),
                 torch.device("cpu"),
+                busy=busy,
             )
             for _ in range(args.warmup):
-                trainer.step(inputs, targets)
+                trainer.train(inputs, targets)
             dist.barrier()
-            trainer.busy.reset()
+            busy.reset()
             start, cpu = time.perf_counter(), time.process_time()
             for _ in range(args.iterations):
-                trainer.step(inputs, targets)
+                trainer.train(inputs, targets)
             dist.barrier()
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             # Idle here is time outside the stage's compute calls, from their timestamps.
-            sample = Sample(
-                wall / args.iterations, 1 - trainer.busy.seconds / wall, cpu / args.iterations
-            )
+            sample = Sample(wall / args.iterations, 1 - busy.seconds / wall, cpu / args.iterations)
             timings[name].append(_over_ranks(sample))
     return timings
 

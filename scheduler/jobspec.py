@@ -9,7 +9,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # Built-in workloads the training runtime ships (see worker_agent/), with the number of
 # layers that own parameters in each model: the most stages SPB can cut it into. Known
@@ -23,6 +30,12 @@ BUILTIN_PARAMETER_LAYERS: dict[str, int] = {
     "transformer-synthetic": 16,
 }
 BUILTIN_WORKLOADS: frozenset[str] = frozenset(BUILTIN_PARAMETER_LAYERS)
+# The built-in workloads that support pipeline parallelism, with the most stages each can
+# be cut into (a stage needs a transformer block); a test checks them against the trials.
+BUILTIN_PIPELINE_STAGES: dict[str, int] = {
+    "text-transformer": 2,
+    "transformer-synthetic": 2,
+}
 
 # `package.module:ClassName` of a user trial.
 _TRIAL_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
@@ -83,6 +96,32 @@ class SPBConfig(StrictModel):
 
 SPBSetting = Literal["off", "auto"] | SPBConfig
 
+PipelineSchedule = Literal["gpipe", "1f1b", "zero-bubble"]
+
+
+class PipelineConfig(StrictModel):
+    """Pipeline parallelism: the model cut into consecutive stages, one per worker."""
+
+    stages: int = Field(
+        ge=2,
+        le=1024,
+        description="Pipeline stages, one per worker: must equal `workers` (a pipeline is "
+        "not replicated for data parallelism).",
+    )
+    schedule: PipelineSchedule = Field(
+        default="zero-bubble",
+        description="`gpipe` (all forwards, then all backwards), `1f1b` (one forward, one "
+        "backward), or `zero-bubble` (1F1B with each backward split into its input part, "
+        "sent upstream at once, and its weight part, run later to fill bubbles).",
+    )
+    microbatches: int = Field(
+        default=4,
+        ge=1,
+        le=65_536,
+        description="Microbatches each iteration's batch is split into; must divide "
+        "`hyperparameters.batch_size`.",
+    )
+
 
 class JobSpec(StrictModel):
     name: str = Field(min_length=1, max_length=128, description="Human-readable job name.")
@@ -109,7 +148,13 @@ class JobSpec(StrictModel):
         le=100_000,
         description="With backprop ooo on several workers: how many layers from the input "
         "compute weight gradients after the output-gradient chain (reverse first-k); "
-        "null: all of them.",
+        "null: the platform chooses, in stages, from the model's measured costs and the "
+        "link speed measured at start.",
+    )
+    pipeline: PipelineConfig | None = Field(
+        default=None,
+        description="Train pipeline parallel: the model cut into stages, one per worker "
+        "(null: data parallel).",
     )
     max_retries: int = Field(
         default=0, ge=0, le=10, description="Relaunches after a training process crashes."
@@ -129,6 +174,61 @@ class JobSpec(StrictModel):
     def _known_workload(cls, value: str) -> str:
         return checked_workload(value)
 
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_fits_the_job(
+        cls, pipeline: PipelineConfig | None, info: ValidationInfo
+    ) -> PipelineConfig | None:
+        """Checked against the fields before it (absent where those were invalid)."""
+        if pipeline is None:
+            return None
+        job = info.data
+        workload, workers = job.get("workload"), job.get("workers")
+        if workers is not None and pipeline.stages != workers:
+            raise ValueError(
+                f"pipeline.stages ({pipeline.stages}) must equal workers ({workers}): each "
+                "worker runs one stage"
+            )
+        if workload in BUILTIN_WORKLOADS:
+            most = BUILTIN_PIPELINE_STAGES.get(workload)
+            if most is None:
+                raise ValueError(
+                    f"workload {workload!r} does not support pipeline parallelism: use one of "
+                    f"{sorted(BUILTIN_PIPELINE_STAGES)} or a trial that implements "
+                    "Trial.pipeline"
+                )
+            if pipeline.stages > most:
+                raise ValueError(
+                    f"pipeline.stages ({pipeline.stages}) is more than the {most} transformer "
+                    f"blocks of {workload!r}: a stage needs at least one block"
+                )
+        hyperparameters: Hyperparameters | None = job.get("hyperparameters")
+        if hyperparameters is not None:
+            if hyperparameters.batch_size % pipeline.microbatches:
+                raise ValueError(
+                    f"hyperparameters.batch_size ({hyperparameters.batch_size}) is not a "
+                    f"multiple of pipeline.microbatches ({pipeline.microbatches}): "
+                    "microbatches are equal parts of the batch"
+                )
+            if hyperparameters.optimizer == "kfac":
+                raise ValueError(
+                    "pipeline does not work with optimizer: kfac: K-FAC preconditions every "
+                    "layer of the model on each worker, and a stage holds only its own"
+                )
+        if job.get("spb", "off") != "off":
+            raise ValueError(
+                "pipeline needs spb: off: SPB averages each stage's gradient over the "
+                "workers that train it, and in a pipeline every stage has one worker"
+            )
+        if job.get("backprop") == "ooo":
+            raise ValueError(
+                "pipeline needs backprop: standard: out-of-order backprop reorders a "
+                "data-parallel exchange a pipeline does not have; pipeline.schedule "
+                "zero-bubble is the pipeline's own split of backward into input and weight "
+                "parts"
+            )
+        return pipeline
+
     @model_validator(mode="after")
     def _has_stopping_rule(self) -> JobSpec:
         if self.max_iterations is None and self.target_metric is None:
@@ -143,7 +243,8 @@ class JobSpec(StrictModel):
                 f"{BUILTIN_PARAMETER_LAYERS[self.workload]} layers with parameters of "
                 f"{self.workload!r}: a stage needs at least one layer"
             )
-        if self.hyperparameters.batch_size < self.workers:
+        # A pipeline's stages all see the whole batch; data-parallel workers split it.
+        if self.pipeline is None and self.hyperparameters.batch_size < self.workers:
             raise ValueError(
                 f"hyperparameters.batch_size ({self.hyperparameters.batch_size}) is smaller "
                 f"than workers ({self.workers}): every worker needs at least one sample"

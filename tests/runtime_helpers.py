@@ -17,6 +17,7 @@ from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import LocalController
 from worker_agent.runtime.loop import run_worker
 from worker_agent.runtime.trial import Trial
+from worker_agent.runtime.workloads.text import TextTransformer
 
 # Spawned workers must finish well within this; a hung gang fails the test instead.
 _GANG_TIMEOUT_SECONDS = 120
@@ -128,3 +129,9 @@ def _gang_member(
         results.put((config.rank, traceback.format_exc()))
         raise
     results.put((config.rank, controller))
+
+
+class DeepTextTransformer(TextTransformer):
+    """The text transformer with four blocks: room for four pipeline stages."""
+
+    n_layers = 4

@@ -114,6 +114,8 @@ def test_bad_specs_get_422_with_field_path(live_api: LiveApi) -> None:
         ({"name": "x", "workload": "digits-mlp"}, "body"),  # no stopping rule
         ({**SPEC, "workers": 8, "hyperparameters": {"batch_size": 4}}, "body"),
         ({**SPEC, "workers": "many"}, "workers"),
+        ({**SPEC, "workers": 2, "pipeline": {"stages": 2}}, "pipeline"),  # digits-mlp
+        ({**SPEC, "pipeline": {"stages": 2, "schedule": "sideways"}}, "pipeline.schedule"),
     ]
     with live_api.client(live_api.alice) as alice:
         for payload, loc in cases:

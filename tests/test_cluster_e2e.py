@@ -75,6 +75,18 @@ def test_three_jobs_train_to_success_across_two_agents(
                     "spb": {"full_fraction": 0.5, "partial_depth": 0.5},
                 }
             )["id"]
+            # Pipeline parallel: rank r trains stage r; the spec travels to every rank.
+            pipelined = client.submit(
+                {
+                    "name": "pipelined-lm",
+                    "workload": "text-transformer",
+                    "workers": 2,
+                    "hyperparameters": {"batch_size": 16, "optimizer": "adam",
+                                        "learning_rate": 0.003},
+                    "max_iterations": 20,
+                    "pipeline": {"stages": 2, "schedule": "zero-bubble", "microbatches": 4},
+                }
+            )["id"]  # fmt: skip
             crash = client.submit(
                 {
                     "name": "crash",
@@ -83,16 +95,17 @@ def test_three_jobs_train_to_success_across_two_agents(
                     "max_retries": 1,
                 }
             )["id"]
-            jobs = {
-                job_id: c.wait_job(job_id, ended, "ended") for job_id in (spanning, digits, cnn)
-            }
+            trained = (spanning, digits, cnn, pipelined)
+            jobs = {job_id: c.wait_job(job_id, ended, "ended") for job_id in trained}
             assert {job["state"] for job in jobs.values()} == {"SUCCEEDED"}, [
                 (job["name"], job["state"], job["message"]) for job in jobs.values()
             ]
 
             assert sorted(set(_nodes_of(client, spanning))) == ["agent-a", "agent-b"]
             assert jobs[digits]["metrics"]["accuracy"] >= 0.9
-            for job_id in (spanning, digits, cnn):
+            # Rank 0 evaluated the whole model, gathered from both stages.
+            assert jobs[pipelined]["metrics"]["loss"] < 4.0
+            for job_id in trained:
                 series = client.metrics(job_id, points=20)["points"]
                 assert series and series[-1]["iteration"] == jobs[job_id]["iterations_done"]
                 assert all(p["loss"] is not None and p["step_seconds"] > 0 for p in series)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from scheduler.jobspec import JobSpec, SPBConfig
+from scheduler.jobspec import JobSpec, PipelineConfig, SPBConfig
 
 BASE: dict[str, Any] = {"name": "mnist-1", "workload": "digits-mlp", "max_iterations": 100}
 
@@ -77,3 +77,60 @@ def test_out_of_order_backprop_with_kfac_is_accepted() -> None:
         {**BASE, "backprop": "ooo", "hyperparameters": {"optimizer": "kfac", "learning_rate": 0.1}}
     )
     assert spec.backprop == "ooo" and spec.hyperparameters.optimizer == "kfac"
+
+
+PIPELINED: dict[str, Any] = {
+    **BASE,
+    "workload": "text-transformer",
+    "workers": 2,
+    "hyperparameters": {"batch_size": 16},
+    "pipeline": {"stages": 2, "schedule": "1f1b", "microbatches": 8},
+}
+
+
+def test_pipeline_spec_accepted_with_a_batch_smaller_than_workers() -> None:
+    assert JobSpec.model_validate(PIPELINED).pipeline == PipelineConfig(
+        stages=2, schedule="1f1b", microbatches=8
+    )
+    # Every stage sees the whole batch, so one sample is enough.
+    small = {
+        **PIPELINED,
+        "hyperparameters": {"batch_size": 1},
+        "pipeline": {"stages": 2, "microbatches": 1},
+    }
+    spec = JobSpec.model_validate(small)
+    assert spec.pipeline is not None and spec.pipeline.schedule == "zero-bubble"
+    # A user trial may support more stages than a built-in; its runtime checks them.
+    user = JobSpec.model_validate(
+        {**PIPELINED, "workload": "my_pkg.trials:Deep", "workers": 8, "pipeline": {"stages": 8}}
+    )
+    assert user.pipeline is not None and user.pipeline.stages == 8
+
+
+@pytest.mark.parametrize(
+    ("patch", "reason"),
+    [
+        ({"workers": 4}, "pipeline.stages (2) must equal workers (4)"),
+        ({"workload": "digits-cnn"}, "'digits-cnn' does not support pipeline parallelism"),
+        ({"workers": 4, "pipeline": {"stages": 4}}, "more than the 2 transformer blocks"),
+        ({"hyperparameters": {"batch_size": 12}}, "not a multiple of pipeline.microbatches (8)"),
+        ({"spb": "auto"}, "pipeline needs spb: off"),
+        ({"spb": {"full_fraction": 0.5, "partial_depth": 0.5}}, "pipeline needs spb: off"),
+        ({"backprop": "ooo"}, "pipeline needs backprop: standard"),
+        ({"hyperparameters": {"batch_size": 16, "optimizer": "kfac"}}, "optimizer: kfac"),
+    ],
+)
+def test_impossible_pipelines_are_refused_at_the_pipeline_field(
+    patch: dict[str, Any], reason: str
+) -> None:
+    errors = _error_locs({**PIPELINED, **patch})
+    assert [path for path, _ in errors] == ["pipeline"], errors
+    assert reason in errors[0][1]
+
+
+def test_pipeline_fields_are_checked() -> None:
+    assert [path for path, _ in _error_locs({**PIPELINED, "pipeline": {"stages": 1}})] == [
+        "pipeline.stages"
+    ]
+    errors = _error_locs({**PIPELINED, "pipeline": {"stages": 2, "microbatches": 0}})
+    assert [path for path, _ in errors] == ["pipeline.microbatches"]

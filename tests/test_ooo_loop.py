@@ -1,10 +1,12 @@
-"""`backprop: ooo` in the platform's training loop ends where standard DDP training ends."""
+"""`backprop: ooo` in the platform's training loop ends where standard DDP training ends,
+with the spec's k and with the k the loop chooses itself."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from tests.runtime_helpers import run_gang, worker_configs
@@ -19,18 +21,31 @@ _FIELDS: dict[str, Any] = {
 }
 
 
-def _checkpoint(directory: Path, backprop: str) -> dict[str, Any]:
+def _checkpoint(directory: Path, backprop: str, first_k: int | None) -> dict[str, Any]:
     controllers = run_gang(
-        worker_configs(2, checkpoint_dir=directory, backprop=backprop, ooo_first_k=1, **_FIELDS)
+        worker_configs(
+            2, checkpoint_dir=directory, backprop=backprop, ooo_first_k=first_k, **_FIELDS
+        )
     )
     state: dict[str, Any] = torch.load(directory / CHECKPOINT_FILE, weights_only=True)
     state["evaluations"] = controllers[0].evaluations
+    state["profiles"] = controllers[0].profiles
     return state
 
 
-def test_ooo_job_trains_to_the_same_parameters_and_evaluations_as_ddp(tmp_path: Path) -> None:
-    standard = _checkpoint(tmp_path / "standard", "standard")
-    ooo = _checkpoint(tmp_path / "ooo", "ooo")
+@pytest.fixture(scope="module")
+def standard(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _checkpoint(tmp_path_factory.mktemp("standard"), "standard", None)
+
+
+@pytest.mark.parametrize("first_k", [1, None])
+def test_ooo_job_trains_to_the_same_parameters_and_evaluations_as_ddp(
+    tmp_path: Path, first_k: int | None, standard: dict[str, Any]
+) -> None:
+    ooo = _checkpoint(tmp_path / "ooo", "ooo", first_k)
+    # Without a k in the spec, rank 0 measures the model to choose one (and reports it).
+    assert len(ooo["profiles"]) == (1 if first_k is None else 0)
+    assert standard["profiles"] == []
     assert ooo["iteration"] == standard["iteration"] == 6
     for name, expected in standard["model"].items():
         torch.testing.assert_close(ooo["model"][name], expected, rtol=1e-5, atol=1e-6, msg=name)

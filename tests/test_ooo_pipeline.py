@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from tests.ooo_gang import run_on_gang
-from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, PipelineTrainer
-from worker_agent.runtime.workloads.nets import TransformerLM
+from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
+from worker_agent.runtime.workloads.common import next_token_loss
+from worker_agent.runtime.workloads.nets import TransformerLM, TransformerPart
 
 VOCAB, SEQ, STEPS, MICROBATCHES = 32, 8, 4, 4
 
@@ -41,18 +41,28 @@ def _losses_per_schedule() -> tuple[dict[str, list[float]], dict[str, set[str]]]
     losses: dict[str, list[float]] = {}
     calls: dict[str, set[str]] = {}
     for schedule in PIPELINE_SCHEDULES:
-        trainer = PipelineTrainer(_model(), schedule, MICROBATCHES, _sgd, torch.device("cpu"))
-        steps = [trainer.step(inputs, targets) for inputs, targets in _batches()]
-        reported = torch.tensor([s if s is not None else 0.0 for s in steps])
+        part = TransformerPart(_model(), dist.get_rank(), dist.get_world_size())
+        busy = BusyTime()
+        trainer = PipelineTrainer(
+            part,
+            schedule,
+            MICROBATCHES,
+            next_token_loss,
+            _sgd(list(part.parameters())),
+            torch.device("cpu"),
+            busy=busy,
+        )
+        steps = [trainer.train(inputs, targets) for inputs, targets in _batches()]
+        reported = torch.tensor([float(s) if s is not None else 0.0 for s in steps])
         dist.all_reduce(reported)  # only the last stage's are non-zero
         losses[schedule] = reported.tolist()
-        calls[schedule] = {kind for kind, _, _ in trainer.busy.intervals}
+        calls[schedule] = {kind for kind, _, _ in busy.intervals}
     model = _model()
     optimizer = _sgd(list(model.parameters()))
     losses["one process"] = []
     for inputs, targets in _batches():
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+        loss = next_token_loss(model(inputs), targets)
         loss.backward()
         optimizer.step()
         losses["one process"].append(loss.item())

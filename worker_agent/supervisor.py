@@ -353,6 +353,7 @@ class Supervisor:
                     target_metric=spec.target_metric,
                     backprop=spec.backprop,
                     ooo_first_k=spec.ooo_first_k,
+                    pipeline=spec.pipeline,
                     checkpoint_dir=Path(command.checkpoint_dir) if command.checkpoint_dir else None,
                     checkpoint_every=command.checkpoint_every or None,
                     data_dir=self._work_dir / "data",

@@ -2,8 +2,12 @@
 
 Saved: the model (unwrapped from DDP), the optimizer, the boundary, the data position,
 and every rank's RNG states indexed by rank, so that whichever process becomes rank r on
-resume continues rank r's random streams. Rank 0 writes atomically (temporary file,
-fsync, rename); a reader sees the previous checkpoint or the new one, never a torn file.
+resume continues rank r's random streams. A pipeline's ranks each hold another part of
+the model: its checkpoint has every rank's model and optimizer state under `stages`,
+indexed by rank, instead of rank 0's under `model` and `optimizer`. Rank 0 writes
+atomically (temporary file, fsync, rename); a reader sees the previous checkpoint or the
+new one, never a torn file (one file, so a pipeline's stages are never from two
+checkpoints).
 """
 
 from __future__ import annotations
@@ -41,30 +45,43 @@ def save(
     optimizer: Optimizer,
     iteration: int,
     position: DataPosition,
+    stages: bool = False,
 ) -> None:
-    """Collective: every rank calls it; returns once the checkpoint is durable."""
+    """Collective: every rank calls it; returns once the checkpoint is durable.
+
+    `stages`: every rank's `model` and `optimizer` are its own (a pipeline stage's).
+    """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    rng_states: list[Any] | None = [None] * world_size if rank == 0 else None
-    dist.gather_object(rng.capture(), rng_states, dst=0)
-    if rank == 0:
+    # On the CPU: rank 0 must be able to hold (and unpickle) every rank's tensors.
+    own = _on_cpu(_trained_state(model, optimizer)) if stages else None
+    gathered: list[Any] | None = [None] * world_size if rank == 0 else None
+    dist.gather_object((rng.capture(), own), gathered, dst=0)
+    if gathered is not None:
         state = {
             "format": _FORMAT,
             "iteration": iteration,
             "epoch": position.epoch,
             "batch": position.batch,
             "world_size": world_size,
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "rng": rng_states,
+            "rng": [rng_state for rng_state, _ in gathered],
         }
+        if stages:
+            state["stages"] = [stage for _, stage in gathered]
+        else:
+            state.update(_trained_state(model, optimizer))
         _write_atomically(directory / CHECKPOINT_FILE, state)
         logger.info("checkpoint at iteration %d written to %s", iteration, directory)
     # Nobody exits (and lets a successor start) before the file is in place.
     dist.barrier()
 
 
-def load(directory: Path, *, model: nn.Module, optimizer: Optimizer) -> Resumed | None:
-    """Restore this rank from the checkpoint in `directory`, if there is one."""
+def load(
+    directory: Path, *, model: nn.Module, optimizer: Optimizer, stages: bool = False
+) -> Resumed | None:
+    """Restore this rank from the checkpoint in `directory`, if there is one.
+
+    `stages`: as `save`'s (this rank's model and optimizer are its own stage's).
+    """
     path = directory / CHECKPOINT_FILE
     if not path.exists():
         return None
@@ -78,10 +95,31 @@ def load(directory: Path, *, model: nn.Module, optimizer: Optimizer) -> Resumed 
         raise ValueError(
             f"{path} was written by {state['world_size']} workers, this run has {world_size}"
         )
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    if stages != ("stages" in state):
+        kinds = {True: "a pipeline", False: "a data-parallel"}
+        raise ValueError(
+            f"{path} was written by {kinds[not stages]} run, this is {kinds[stages]} one"
+        )
+    trained = state["stages"][dist.get_rank()] if stages else state
+    model.load_state_dict(trained["model"])
+    optimizer.load_state_dict(trained["optimizer"])
     rng.restore(state["rng"][dist.get_rank()])
     return Resumed(state["iteration"], DataPosition(state["epoch"], state["batch"]))
+
+
+def _trained_state(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def _on_cpu(value: Any) -> Any:
+    """`value` (nested dicts, lists, tuples of tensors and plain values) on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
 
 
 def _write_atomically(path: Path, state: dict[str, Any]) -> None:

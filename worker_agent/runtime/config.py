@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scheduler.jobspec import Hyperparameters, TargetMetric
+from scheduler.jobspec import Hyperparameters, PipelineConfig, TargetMetric
 
 
 class WorkerConfig(BaseModel):
@@ -69,7 +69,14 @@ class WorkerConfig(BaseModel):
         default="standard", description="The job spec's backward schedule."
     )
     ooo_first_k: int | None = Field(
-        default=None, ge=1, description="The job spec's k of reverse first-k (None: all layers)."
+        default=None,
+        ge=1,
+        description="The job spec's k of reverse first-k (None: chosen at start from rank "
+        "0's profile of the model and the link measured on the gang).",
+    )
+    pipeline: PipelineConfig | None = Field(
+        default=None,
+        description="The job spec's pipeline: rank r trains stage r (None: data parallel).",
     )
     report_every_iterations: int = Field(default=10, ge=1)
     report_every_seconds: float = Field(default=1.0, gt=0)
@@ -83,6 +90,11 @@ class WorkerConfig(BaseModel):
     def _rank_in_world(self) -> WorkerConfig:
         if self.rank >= self.world_size:
             raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        if self.pipeline is not None and self.pipeline.stages != self.world_size:
+            raise ValueError(
+                f"{self.pipeline.stages} pipeline stages on {self.world_size} ranks: "
+                "one stage per rank"
+            )
         return self
 
     @property

@@ -7,7 +7,9 @@ except for jobs that may run structured partial backprop (spec `spb` not `off`):
 ranks train only the stages above their cut and exchange each stage's gradient among its
 contributors (`spb.partial`) instead of DDP's all-reduce of everything; `backprop: ooo`
 replaces both with an out-of-order schedule (`worker_agent.runtime.ooo`), which averages
-each layer over its stage's contributors when SPB is on.
+each layer over its stage's contributors when SPB is on. A job whose spec has `pipeline`
+trains pipeline parallel instead (`ooo.pipeline`): rank r trains stage r of the model on
+every batch.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from scheduler import spb
+from scheduler.spb import SPBProfile
 from worker_agent.runtime import checkpoint, rng
 from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
 from worker_agent.runtime.kfac import KFACSGD
 from worker_agent.runtime.kfac.factors import layer_contributors
+from worker_agent.runtime.ooo.gang_first_k import agree_first_k, link_bytes_per_second
+from worker_agent.runtime.ooo.pipeline import PipelineTrainer
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
 from worker_agent.runtime.ooo.schedules import BackpropSchedule, StandardBackprop, out_of_order
 from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
@@ -45,7 +50,7 @@ from worker_agent.runtime.timing import (
     peak_memory_bytes,
     utilization_meter,
 )
-from worker_agent.runtime.trial import TrialContext
+from worker_agent.runtime.trial import PipelineSplit, TrialContext
 from worker_agent.runtime.workloads import load_trial
 
 logger = logging.getLogger(__name__)
@@ -102,6 +107,7 @@ class _Training:
         self._controller = controller
         self._device = device
         self._rank0 = config.rank == 0
+        pipeline = config.pipeline
         context = TrialContext(
             hyperparameters=config.hyperparameters,
             rank=config.rank,
@@ -109,37 +115,53 @@ class _Training:
             device=device,
             seed=config.seed,
             data_dir=config.data_dir,
+            pipeline_stages=pipeline.stages if pipeline is not None else 1,
         )
-        if config.hyperparameters.batch_size % config.world_size:
+        self._global_batch = context.per_rank_batch_size * context.replicas
+        if config.hyperparameters.batch_size != self._global_batch:
             logger.warning(
-                "batch_size %d is not a multiple of %d workers: the global batch is %d",
+                "batch_size %d is not a multiple of %d data-parallel replicas: the global "
+                "batch is %d",
                 config.hyperparameters.batch_size,
-                config.world_size,
-                context.per_rank_batch_size * config.world_size,
+                context.replicas,
+                self._global_batch,
             )
-        self._global_batch = context.per_rank_batch_size * config.world_size
 
         # Everything a trial builds comes from the job's seed alone, identically on every
         # rank; per-rank streams start only after (and are what checkpoints restore).
         torch.manual_seed(config.seed)
         self._trial = load_trial(config.workload)(context)
-        model = self._trial.build_model().to(device)
+        model = self._trial.build_model()
+        # Every pipeline rank builds the whole model and trains the part the trial cuts
+        # for its stage; only rank 0, which evaluates the whole model, keeps all of it on
+        # the device.
+        self._split: PipelineSplit | None = (
+            self._trial.pipeline(model, pipeline.stages) if pipeline is not None else None
+        )
+        trained = self._split.parts[config.rank] if self._split is not None else model
+        (model if self._rank0 else trained).to(device)
         # K-FAC preconditions per layer, so it is built around the model, not its parameters.
         self._optimizer = (
             KFACSGD(model, config.hyperparameters.learning_rate)
             if config.hyperparameters.optimizer == "kfac"
-            else self._trial.build_optimizer(model.parameters())
+            else self._trial.build_optimizer(trained.parameters())
         )
         dataset = self._trial.train_data()
         rng.seed_rank(config.seed, config.rank)
         resumed = (
-            checkpoint.load(config.checkpoint_dir, model=model, optimizer=self._optimizer)
+            checkpoint.load(
+                config.checkpoint_dir,
+                model=trained,
+                optimizer=self._optimizer,
+                stages=self._split is not None,
+            )
             if config.checkpoint_dir is not None
             else None
         )
         self.iteration = resumed.iteration if resumed is not None else 0
 
-        self._net = model  # unwrapped: what evaluation and checkpoints see
+        self._net = model  # unwrapped and whole: what evaluation sees
+        self._trained = trained  # what this rank trains and checkpoints
         self._clock = DeviceClock(device)
         self._sync = BoundarySync(config.rank, config.world_size, device, config.spb)
         self._comm = CommMeter(self._clock, config.world_size, self._sync)
@@ -156,11 +178,24 @@ class _Training:
                 agreement=self._sync,
             )
         # The one place the backward schedule is chosen: `_step` only drives it.
-        self._backprop: BackpropSchedule
+        self._backprop: BackpropSchedule | PipelineTrainer
         self._model: nn.Module = model
-        # Whether the schedule's gradient exchange carries boundary agreements.
-        self._carries_agreement = config.backprop != "ooo"
-        if config.backprop == "ooo":
+        # Whether the schedule's gradient exchange carries boundary agreements (DDP's
+        # and SPB's do; per-layer and pipeline messages do not).
+        self._carries_agreement = config.backprop != "ooo" and pipeline is None
+        if self._split is not None and pipeline is not None:
+            self._backprop = PipelineTrainer(
+                trained,
+                pipeline.schedule,
+                pipeline.microbatches,
+                self._split.loss,
+                self._optimizer,
+                device,
+                # The stages' messages in a group of their own, beside the boundary
+                # agreement and the loss sent to rank 0 on the default group.
+                group=dist.new_group(),
+            )
+        elif config.backprop == "ooo":
             self._backprop = out_of_order(model, self._optimizer, config.ooo_first_k)
         elif self._partial is not None:
             self._backprop = PartialBackpropSchedule(self._partial, self._optimizer, self._clock)
@@ -171,10 +206,14 @@ class _Training:
             ddp.register_comm_hook(self._comm, CommMeter.hook)
             self._model = ddp
             self._backprop = StandardBackprop(self._optimizer)
+        # A reverse first-k whose k the spec leaves to us: chosen when the gang is up.
+        self._auto_first_k = (
+            isinstance(self._backprop, ReverseFirstK) and config.ooo_first_k is None
+        )
         self._batches = ShardedBatches(
             dataset,
-            rank=config.rank,
-            world_size=config.world_size,
+            rank=context.replica,
+            world_size=context.replicas,
             batch_size=context.per_rank_batch_size,
             seed=config.seed,
             start=resumed.position if resumed is not None else DataPosition(),
@@ -192,8 +231,12 @@ class _Training:
             self._announce(f"resumed from the checkpoint at iteration {self.iteration}")
 
     def run(self) -> ExitStatus:
-        if self._config.profile and self._rank0 and self.iteration == 0:
-            self._profile()  # the peers wait for it at the first agreement
+        # The peers wait for rank 0's measurement at the next collective.
+        profile: SPBProfile | None = None
+        if self._rank0 and (self._auto_first_k or (self._config.profile and self.iteration == 0)):
+            profile = self._profile()
+        if self._auto_first_k:
+            self._choose_first_k(profile)
         # The first boundary of this process has no step to hide its agreement behind.
         agreed = self._agree_now(self._check(self.iteration))
         while True:
@@ -209,8 +252,7 @@ class _Training:
             if every is not None and self.iteration % every == 0:
                 self._checkpoint()
             if self.iteration % self._config.eval_every == 0:
-                if self._rank0:
-                    self._evaluate()
+                self._evaluate()
                 # Every rank knows evaluation boundaries, so all agree once more there:
                 # a reached target stops everyone at this very boundary.
                 agreed = self._agree_now(self._decision)
@@ -226,7 +268,7 @@ class _Training:
             f"configuration version {version} applied: spb {spb.config_key(self._partial.config)}"
         )
 
-    def _profile(self) -> None:
+    def _profile(self) -> SPBProfile:
         """Measure the model's per-stage costs on a copy (so that training, its RNG streams
         and BatchNorm statistics included, goes on as if it had not happened) and report
         them as the workload's model profile."""
@@ -243,6 +285,20 @@ class _Training:
             rng.restore(state)
         self._controller.profile(self._config.workload, profile.to_json())
         self._announce(f"measured the model: {len(profile.stages)} stages")
+        return profile
+
+    def _choose_first_k(self, profile: SPBProfile | None) -> None:
+        """Collective: reverse first-k's k from rank 0's profile of the model's stages and
+        the link measured on this gang (`ooo.gang_first_k`)."""
+        assert isinstance(self._backprop, ReverseFirstK)
+        cut = stages.build(self._net, self._trial.stages(self._net), self._config.spb_stages)
+        bandwidth = link_bytes_per_second(self._device)
+        k = agree_first_k(self._backprop, cut.modules, profile, bandwidth)
+        if self._rank0:
+            self._announce(
+                f"reverse first-k: the first {k} of {len(cut)} stages compute their weight "
+                f"gradients after the chain (link measured at {bandwidth / 1e6:.0f} MB/s)"
+            )
 
     def _check(self, boundary: int) -> Decision | None:
         if not self._rank0:
@@ -286,19 +342,33 @@ class _Training:
         self._backprop.zero_grad()
         if agreeing:
             self._sync.offer(decision, self._target_reached)
-        loss = self._trial.loss(self._model, batch)
-        if agreeing and not self._carries_agreement:
-            self._sync.launch()
-        self._backprop.backward(loss)
+        loss = self._forward_backward(batch, agreeing)
         backward_end = self._clock.mark()
         self._backprop.step()
         end = self._clock.mark()
         if agreeing:
             agreed = self._sync.wait()
         if self._rank0:
+            assert loss is not None, "rank 0 (a pipeline's first stage) receives the loss"
             self._clock.synchronize()
             self._reports.add(self._record(start, backward_end, end, loss.item()))
         return agreed
+
+    def _forward_backward(self, batch: Any, agreeing: bool) -> torch.Tensor | None:
+        """The batch's loss and gradients, with the offered boundary agreement riding in
+        the gradient exchange or launched where it hides behind backward. A pipeline's
+        loss comes from its last stage to rank 0; its other stages get None."""
+        if isinstance(self._backprop, PipelineTrainer):
+            # Forwards and backwards interleave inside the schedule: launched before.
+            if agreeing:
+                self._sync.launch()
+            inputs, targets = batch
+            return self._backprop.loss_on_first_stage(self._backprop.run(inputs, targets))
+        loss = self._trial.loss(self._model, batch)
+        if agreeing and not self._carries_agreement:
+            self._sync.launch()
+        self._backprop.backward(loss)
+        return loss
 
     def _tell_contributors(self, depths: tuple[int, ...]) -> None:
         """Tell whoever averages per layer which ranks now train each stage."""
@@ -340,6 +410,13 @@ class _Training:
         )
 
     def _evaluate(self) -> None:
+        """Every rank, at the same boundaries (a pipeline's stages gather their parts to
+        rank 0); rank 0 evaluates the whole model."""
+        self._evaluated_at = self.iteration
+        if isinstance(self._backprop, PipelineTrainer) and self._split is not None:
+            self._backprop.gather_model(self._split.parts)
+        if not self._rank0:
+            return
         model = self._net
         self._backprop.flush()
         # Evaluation runs on rank 0 alone; it must not perturb rank 0's random streams.
@@ -351,7 +428,6 @@ class _Training:
             model.train()
             rng.restore(state)
         self._metrics = {name: float(value) for name, value in metrics.items()}
-        self._evaluated_at = self.iteration
         self._controller.evaluation(self.iteration, self._metrics)
         self._target_reached = self._meets_target()
 
@@ -369,7 +445,7 @@ class _Training:
     def _finish(self, outcome: Outcome) -> ExitStatus:
         if self._rank0:
             self._reports.flush()
-        if outcome is Outcome.SUCCEEDED and self._rank0 and self._evaluated_at != self.iteration:
+        if outcome is Outcome.SUCCEEDED and self._evaluated_at != self.iteration:
             self._evaluate()
         if outcome is Outcome.SUSPENDED and self._config.checkpoint_dir is None:
             logger.warning("no checkpoint_dir: progress up to iteration %d is lost", self.iteration)
@@ -384,10 +460,11 @@ class _Training:
             self._backprop.flush()
             checkpoint.save(
                 self._config.checkpoint_dir,
-                model=self._net,
+                model=self._trained,
                 optimizer=self._optimizer,
                 iteration=self.iteration,
                 position=self._batches.position,
+                stages=self._split is not None,
             )
 
     def _announce(self, message: str) -> None:

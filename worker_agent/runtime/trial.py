@@ -7,7 +7,7 @@ step, checkpoint, suspend or stop, so that it can act at any iteration boundary.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,12 +31,36 @@ class TrialContext:
     seed: int
     # Where a trial may cache downloaded or preprocessed data; None means "don't cache".
     data_dir: Path | None = None
+    # Consecutive ranks that split the model into a pipeline (1: no pipeline); the batch
+    # is split over the `replicas` of such a pipeline.
+    pipeline_stages: int = 1
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel copies of the model (each maybe a pipeline of several ranks)."""
+        return self.world_size // self.pipeline_stages
+
+    @property
+    def replica(self) -> int:
+        return self.rank // self.pipeline_stages
 
     @property
     def per_rank_batch_size(self) -> int:
         # The job spec's batch size is global: data parallelism must not change the
-        # optimisation, so each rank takes its share.
-        return max(1, self.hyperparameters.batch_size // self.world_size)
+        # optimisation, so each replica takes its share (all stages of a pipeline see
+        # the same samples: the first its inputs, the last its targets).
+        return max(1, self.hyperparameters.batch_size // self.replicas)
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """A model cut for pipeline parallelism."""
+
+    # One module per stage, input side first; they hold the model's own modules, so
+    # loading a part's state updates the model.
+    parts: list[nn.Module]
+    # The loss of a microbatch from the last part's output and the targets.
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Trial(ABC):
@@ -78,3 +102,16 @@ class Trial(ABC):
         The default is one stage: the whole model.
         """
         return [model]
+
+    def pipeline(self, model: nn.Module, stages: int) -> PipelineSplit:
+        """`model` (on the CPU) cut into `stages` consecutive parts, for jobs whose spec
+        asks for a pipeline; the runtime moves each rank's part to its device. Batches of
+        such a trial are `(inputs, targets)` pairs of tensors that split along their
+        first dimension into microbatches.
+
+        The default: not supported.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support pipeline parallelism "
+            "(it does not implement Trial.pipeline)"
+        )

@@ -1,11 +1,14 @@
-"""Pipeline-parallel training of the transformer workload with `torch.distributed.pipelining`.
+"""Pipeline-parallel training with `torch.distributed.pipelining`: one stage per rank.
 
-One pipeline stage per rank of the default process group. The schedules are PyTorch's:
-GPipe and 1F1B run each microbatch's backward as one piece; the zero-bubble schedule
+A stage is any module a trial's `Trial.pipeline` cuts from its model (the built-in
+transformers' `TransformerPart`). The schedules are PyTorch's: GPipe and 1F1B run each
+microbatch's backward as one piece; the zero-bubble schedule
 (`ScheduleInterleavedZeroBubble`, ZB1P of Qi et al., arXiv 2401.10241) splits it into
 the input-gradient part, sent upstream at once, and the weight-gradient part, run later
 to fill what would be bubbles: the paper's gradient fast-forwarding, in PyTorch's own
-runtime (`stage_backward_input` / `stage_backward_weight`).
+runtime (`stage_backward_input` / `stage_backward_weight`). The training loop (for a
+job whose spec has `pipeline`), `benchmarks/ooo.py` and the tests all train through
+`PipelineTrainer`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, get_args
 
 import torch
 import torch.distributed as dist
@@ -26,37 +29,9 @@ from torch.distributed.pipelining import (
 )
 from torch.optim import Optimizer
 
-from worker_agent.runtime.workloads.nets import TransformerLM
+from scheduler.jobspec import PipelineSchedule
 
-PipelineSchedule = Literal["gpipe", "1f1b", "zero-bubble"]
-PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = ("gpipe", "1f1b", "zero-bubble")
-
-
-class TransformerPart(nn.Module):
-    """The blocks of a `TransformerLM` one stage runs, with the embeddings on the first
-    stage and the output head on the last."""
-
-    def __init__(self, model: TransformerLM, stage: int, num_stages: int) -> None:
-        super().__init__()
-        if not 1 <= num_stages <= len(model.blocks):
-            raise ValueError(
-                f"{num_stages} pipeline stages for {len(model.blocks)} transformer blocks"
-            )
-        self.first, self.last = stage == 0, stage == num_stages - 1
-        bounds = [round(i * len(model.blocks) / num_stages) for i in range(num_stages + 1)]
-        self.blocks = nn.ModuleList(model.blocks[bounds[stage] : bounds[stage + 1]])
-        self.token_embedding = model.token_embedding if self.first else None
-        self.position_embedding = model.position_embedding if self.first else None
-        self.head = model.head if self.last else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.token_embedding is not None and self.position_embedding is not None:
-            positions = torch.arange(x.shape[1], device=x.device)
-            x = self.token_embedding(x) + self.position_embedding(positions)
-        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
-        for block in self.blocks:
-            x = block(x, src_mask=mask, is_causal=True)
-        return self.head(x) if self.head is not None else x
+PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = get_args(PipelineSchedule)
 
 
 @dataclass
@@ -85,56 +60,109 @@ class BusyTime:
 
 
 class PipelineTrainer:
-    """Trains this rank's stage of `model` with one schedule; call `step` on every rank."""
+    """Trains this rank's stage with one schedule; every rank of `group` (the default
+    group if None) runs the same steps on the same batches, one stage each in rank
+    order.
+
+    The loop drives it like its other backward schedules (`zero_grad`, then `run`
+    instead of computing the loss and `backward`, `step`, `flush`); `train` is one
+    whole step.
+    """
 
     def __init__(
         self,
-        model: TransformerLM,
+        part: nn.Module,
         schedule: PipelineSchedule,
         n_microbatches: int,
-        build_optimizer: Callable[[list[nn.Parameter]], Optimizer],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        optimizer: Optimizer,
         device: torch.device,
+        group: dist.ProcessGroup | None = None,
+        busy: BusyTime | None = None,
     ) -> None:
-        self.rank, self.num_stages = dist.get_rank(), dist.get_world_size()
-        self.part = TransformerPart(model, self.rank, self.num_stages).to(device)
-        self.stage = PipelineStage(self.part, self.rank, self.num_stages, device)
-        self.busy = BusyTime()
-        # The stage's compute calls, timed on this instance only (the idle fraction is
-        # what remains of the step).
-        for kind, name in (
-            ("F", "forward_one_chunk"),
-            ("B", "backward_one_chunk"),
-            ("W", "backward_weight_one_chunk"),
-        ):
-            setattr(self.stage, name, self.busy.wrap(kind, getattr(self.stage, name)))
-        self.optimizer = build_optimizer(list(self.part.parameters()))
+        """`busy`, if given, collects the stage's compute time (benchmarks, tests)."""
+        self._ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        self._group = group
+        index, self.num_stages = dist.get_rank(group), len(self._ranks)
+        self.first, self.last = index == 0, index == self.num_stages - 1
+        self.part = part
+        self.stage = PipelineStage(part, index, self.num_stages, device, group=group)
+        if busy is not None:
+            # The stage's compute calls, timed on this instance only (the idle fraction
+            # is what remains of the step).
+            for kind, name in (
+                ("F", "forward_one_chunk"),
+                ("B", "backward_one_chunk"),
+                ("W", "backward_weight_one_chunk"),
+            ):
+                setattr(self.stage, name, busy.wrap(kind, getattr(self.stage, name)))
+        self.optimizer = optimizer
         if schedule == "gpipe":
-            self.schedule: Any = ScheduleGPipe(self.stage, n_microbatches, loss_fn=_lm_loss)
+            self.schedule: Any = ScheduleGPipe(self.stage, n_microbatches, loss_fn=loss_fn)
         elif schedule == "1f1b":
-            self.schedule = Schedule1F1B(self.stage, n_microbatches, loss_fn=_lm_loss)
+            self.schedule = Schedule1F1B(self.stage, n_microbatches, loss_fn=loss_fn)
         elif schedule == "zero-bubble":
             self.schedule = ScheduleInterleavedZeroBubble(
-                [self.stage], n_microbatches, loss_fn=_lm_loss
+                [self.stage], n_microbatches, loss_fn=loss_fn
             )
         else:
             raise ValueError(f"unknown pipeline schedule {schedule!r}: use {PIPELINE_SCHEDULES}")
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
-        """One iteration over the global batch; the mean microbatch loss on the last stage.
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def run(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Forward and backward of every microbatch of the batch; on the last stage the
+        batch's loss (the mean over its equal microbatches), detached.
 
         Every rank passes the same batch: the first stage reads the inputs, the last the
         targets.
         """
-        self.optimizer.zero_grad()
         losses: list[torch.Tensor] = []
-        kwargs: dict[str, Any] = {"target": targets, "losses": losses} if self.part.last else {}
-        if self.part.first:
+        kwargs: dict[str, Any] = {"target": targets, "losses": losses} if self.last else {}
+        if self.first:
             self.schedule.step(inputs, **kwargs)
         else:
             self.schedule.step(**kwargs)
+        return torch.stack(losses).detach().mean() if losses else None
+
+    def step(self) -> None:
         self.optimizer.step()
-        return float(torch.stack(losses).detach().mean()) if losses else None
 
+    def flush(self) -> None:
+        """Nothing deferred: every update is applied in `step`."""
 
-def _lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    def train(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """One iteration: `zero_grad`, `run`, `step`."""
+        self.zero_grad()
+        loss = self.run(inputs, targets)
+        self.step()
+        return loss
+
+    def loss_on_first_stage(self, loss: torch.Tensor | None) -> torch.Tensor | None:
+        """The last stage's `loss` of this step on the first stage (which reports it):
+        one scalar sent point to point, no collective. None elsewhere."""
+        if self.first and self.last:
+            return loss
+        # On the default group, which the loop keeps free of the schedule's messages
+        # (they have a group of their own), so the scalar is never matched with one.
+        if self.last:
+            assert loss is not None, "the last stage computes the loss"
+            # float32 whatever the loss's precision: the receiver's buffer is.
+            dist.send(loss.float(), dst=self._ranks[0])
+        if not self.first:
+            return None
+        received = torch.empty((), dtype=torch.float32, device=self.stage.device)
+        dist.recv(received, src=self._ranks[-1])
+        return received
+
+    def gather_model(self, parts: list[nn.Module]) -> None:
+        """Collective: the first stage's `parts` (one per stage, holding its copy of the
+        whole model) are loaded with every stage's current state, so that it can
+        evaluate the whole model."""
+        state = {name: value.detach().cpu() for name, value in self.part.state_dict().items()}
+        states: list[Any] | None = [None] * self.num_stages if self.first else None
+        dist.gather_object(state, states, dst=self._ranks[0], group=self._group)
+        if states is not None:
+            for part, stage_state in zip(parts[1:], states[1:], strict=True):
+                part.load_state_dict(stage_state)

@@ -97,6 +97,7 @@ class ReverseFirstK:
         self._layer_of_module: dict[nn.Module, Layer] = {}
         self._layer_of_param: dict[int, Layer] = {}
         self._stage_contributors: tuple[list[nn.Module], list[frozenset[int]]] | None = None
+        self._first_k_stages: tuple[list[nn.Module], int] | None = None
         # What is trained is fixed now: SPB later freezes a rank's stages below its cut
         # by turning requires_grad off, and every rank must still exchange every layer.
         self._trained = {id(p) for p in model.parameters() if p.requires_grad}
@@ -118,9 +119,17 @@ class ReverseFirstK:
         return len(self.layers) if self._first_k is None else min(self._first_k, len(self.layers))
 
     def first_k_of_stages(self, stages: Sequence[nn.Module], k: int) -> None:
-        """Make k the layers of the first `k` stages: `choose_first_k` counts stages."""
+        """From the next backward on, k is the layers of the first `k` stages
+        (`choose_first_k` counts stages; layers are known from the first forward)."""
+        self._first_k_stages = (list(stages), k)
+
+    def _apply_first_k_stages(self) -> None:
+        if self._first_k_stages is None:
+            return
+        stages, k = self._first_k_stages
         inside = {id(p) for stage in stages[:k] for p in stage.parameters()}
         self._first_k = sum(all(id(p) in inside for p in layer.params) for layer in self.layers)
+        self._first_k_stages = None
 
     def set_contributors(
         self, stages: Sequence[nn.Module], contributors: Sequence[frozenset[int]]
@@ -151,6 +160,7 @@ class ReverseFirstK:
     def backward(self, loss: torch.Tensor) -> None:
         layers = self._learn_layers()
         self._apply_contributors()
+        self._apply_first_k_stages()
         k = self.first_k
         pieces = self._cut.collect(loss)
         # Every dW a layer waits for is counted before any layer may be launched.

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from worker_agent.runtime.trial import Trial
-from worker_agent.runtime.workloads.nets import TransformerLM
+from worker_agent.runtime.trial import PipelineSplit, Trial
+from worker_agent.runtime.workloads.nets import TransformerLM, TransformerPart
 
 # Evaluation batches are large: no gradients are kept, and fewer batches are faster.
 _EVAL_BATCH = 512
@@ -70,8 +70,7 @@ class LanguageModelTrial(Trial):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         inputs, targets = batch
-        logits = model(inputs)
-        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return next_token_loss(model(inputs), targets)
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module) -> dict[str, float]:
@@ -95,8 +94,21 @@ class LanguageModelTrial(Trial):
             raise TypeError(f"expected the TransformerLM of build_model(), got {type(model)}")
         return model.stages()
 
+    def pipeline(self, model: nn.Module, stages: int) -> PipelineSplit:
+        """Blocks divided evenly, embeddings on the first stage, the head on the last:
+        at most one stage per block."""
+        if not isinstance(model, TransformerLM):
+            raise TypeError(f"expected the TransformerLM of build_model(), got {type(model)}")
+        parts: list[nn.Module] = [TransformerPart(model, s, stages) for s in range(stages)]
+        return PipelineSplit(parts, next_token_loss)
+
     def _windows(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Non-overlapping windows; each predicts its own tokens shifted by one.
         count = (len(tokens) - 1) // self.seq_len
         span = tokens[: count * self.seq_len + 1]
         return span[:-1].reshape(count, self.seq_len), span[1:].reshape(count, self.seq_len)
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of every position's prediction of its next token."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())

@@ -76,3 +76,32 @@ class TransformerLM(nn.Module):
         # Both embeddings form the first stage: they are summed before the first block.
         embeddings = nn.ModuleList([self.token_embedding, self.position_embedding])
         return [embeddings, *self.blocks, self.head]
+
+
+class TransformerPart(nn.Module):
+    """The blocks of a `TransformerLM` one pipeline stage runs, with the embeddings on the
+    first stage and the output head on the last. It holds the model's own modules, so
+    loading a part's state updates the whole model."""
+
+    def __init__(self, model: TransformerLM, stage: int, num_stages: int) -> None:
+        super().__init__()
+        if not 1 <= num_stages <= len(model.blocks):
+            raise ValueError(
+                f"{num_stages} pipeline stages for {len(model.blocks)} transformer blocks: "
+                "a stage needs at least one block"
+            )
+        self.first, self.last = stage == 0, stage == num_stages - 1
+        bounds = [round(i * len(model.blocks) / num_stages) for i in range(num_stages + 1)]
+        self.blocks = nn.ModuleList(model.blocks[bounds[stage] : bounds[stage + 1]])
+        self.token_embedding = model.token_embedding if self.first else None
+        self.position_embedding = model.position_embedding if self.first else None
+        self.head = model.head if self.last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.token_embedding is not None and self.position_embedding is not None:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.token_embedding(x) + self.position_embedding(positions)
+        mask = nn.Transformer.generate_square_subsequent_mask(x.shape[1], device=x.device)
+        for block in self.blocks:
+            x = block(x, src_mask=mask, is_causal=True)
+        return self.head(x) if self.head is not None else x
