@@ -167,7 +167,7 @@ def main() -> None:
     # A queue of the spawn context the gang's processes are made with.
     ports = torch.multiprocessing.get_context("spawn").Queue()
     timings: list[tuple[str, float]] = run_local_gang(
-        _member, WORLD_SIZE, ports, args, init_group=False
+        _member, WORLD_SIZE, ports, args, init_group=False, timeout_seconds=3600
     )[0]
 
     per_iteration = {

@@ -22,10 +22,12 @@ from worker_agent.runtime.spb import stages as stage_cuts
 from worker_agent.runtime.spb.partial import PartialBackprop
 from worker_agent.runtime.timing import CommMeter, DeviceClock
 
-# Decisions as the scheduler may send them: every action, growing configuration
-# versions and leases up to the job spec's bound on iterations.
+# Rank 0's decision at boundaries 0, 1, ...: a renewal (the same but for the lease's
+# end), every action, growing configuration versions, leases up to the job spec's bound
+# on iterations.
 DECISIONS = [
     Decision(Action.CONTINUE, 0, {}, 1),
+    Decision(Action.CONTINUE, 0, {}, 2),
     Decision(Action.CONTINUE, 3, {}, 255),
     Decision(Action.SUSPEND, 3, {}, 256),
     Decision(Action.STOP, 70_000, {}, 10**12),
@@ -36,7 +38,7 @@ _CPU = torch.device("cpu")
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_every_field_survives_a_buffer_of_a_low_precision_dtype(dtype: torch.dtype) -> None:
-    values = {"action": 2, "target_reached": 1, "config_version": 2**31, "lease_until": 10**12}
+    values = {"action": 2, "target_reached": 1, "config_version": 2**31, "lease": 10**12}
     digits = torch.tensor(_encode(values), dtype=dtype)
     # What the all-reduce adds on the other ranks: zeros.
     summed = digits + torch.zeros_like(digits) + torch.zeros_like(digits)
@@ -44,8 +46,8 @@ def test_every_field_survives_a_buffer_of_a_low_precision_dtype(dtype: torch.dty
 
 
 def test_a_value_beyond_its_field_is_refused() -> None:
-    with pytest.raises(ValueError, match="lease_until"):
-        _encode({"action": 0, "target_reached": 0, "config_version": 0, "lease_until": 256**6})
+    with pytest.raises(ValueError, match="lease"):
+        _encode({"action": 0, "target_reached": 0, "config_version": 0, "lease": 256**6})
 
 
 def _count_all_reduces() -> list[int]:
@@ -83,7 +85,7 @@ def _agree_each_step(
     agreed, per_step = [], []
     for step, decision in enumerate(DECISIONS):
         before = calls[0]
-        sync.offer(decision if rank == 0 else None, target_reached=step % 2 == 1)
+        sync.offer(step, decision if rank == 0 else None, target_reached=step >= 3)
         if launch:
             sync.launch()
         backward(step)
@@ -121,7 +123,7 @@ def test_the_agreement_rides_in_ddp_first_bucket_and_gradients_are_ddp_means() -
     ranks = run_local_gang(_ddp_rank, 2)
     for result in ranks:
         assert [decision for decision, _ in result["agreed"]] == DECISIONS
-        assert [reached for _, reached in result["agreed"]] == [s % 2 == 1 for s in range(5)]
+        assert [reached for _, reached in result["agreed"]] == [s >= 3 for s in range(6)]
         # One bucket of gradients and no collective of the agreement's own.
         assert result["all_reduces"] == [1] * len(DECISIONS)
         for grad, expected in zip(result["grads"], result["expected"], strict=True):

@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
+from tests.cluster import wait_for
 from tests.runtime_helpers import worker_configs
 from worker_agent.runtime.control import ConnectionController
 from worker_agent.runtime.protocol import (
@@ -26,9 +28,10 @@ AUTHKEY = b"test-authkey"
 
 
 class StandInAgent:
-    """Accepts one worker and answers its checks with `decide(iteration)`."""
+    """Accepts one worker; `decide(message)` on every message it sends says whether to
+    send the worker a decision: the reply to its check, or a change pushed unasked."""
 
-    def __init__(self, decide: Any) -> None:
+    def __init__(self, decide: Callable[[dict[str, Any]], Decision | None]) -> None:
         self.listener = Listener(("127.0.0.1", 0), authkey=AUTHKEY)
         host, port = self.listener.address
         self.address = f"{host}:{port}"
@@ -42,8 +45,9 @@ class StandInAgent:
             while True:
                 message = connection.recv()
                 self.messages.append(message)
-                if message["type"] == "check":
-                    connection.send(self._decide(message["iteration"]).to_message())
+                decision = self._decide(message)
+                if decision is not None:
+                    connection.send(decision.to_message())
                 if message["type"] == "exit":
                     return
 
@@ -53,37 +57,58 @@ class StandInAgent:
         return self.messages
 
 
+def _suspend_after_report(of_iteration: int) -> Callable[[dict[str, Any]], Decision | None]:
+    """Continue at the check; push a suspension (and a new configuration) once a report
+    reaches `of_iteration`."""
+
+    def decide(message: dict[str, Any]) -> Decision | None:
+        if message["type"] == "check":
+            return Decision()
+        if message["type"] == "report" and message["records"][-1]["iteration"] >= of_iteration:
+            return Decision(Action.SUSPEND, 1, {"full_fraction": 0.5})
+        return None
+
+    return decide
+
+
 def test_addresses_are_tcp_or_unix_sockets() -> None:
     assert parse_address("10.0.0.2:7070") == ("10.0.0.2", 7070)
     assert parse_address("/run/jigsaw/agent.sock") == "/run/jigsaw/agent.sock"
 
 
-def test_a_lease_saves_round_trips_until_it_expires() -> None:
-    agent = StandInAgent(lambda iteration: Decision(lease_until=iteration + 3))
+def test_only_the_first_boundary_asks_then_changes_arrive_unasked() -> None:
+    agent = StandInAgent(_suspend_after_report(1))
     controller = ConnectionController.connect(agent.address, AUTHKEY, job_id=9, rank=0)
-    decisions = [controller.check(iteration) for iteration in range(7)]
+    first = [controller.check(iteration) for iteration in range(3)]
     record = IterationRecord(1, 0.1, 0.08, 0.02, 640.0, 2.3, 0.9, 1 << 20, 4096)
     controller.report([record])
-    controller.exit(ExitStatus(Outcome.SUCCEEDED, 7))
+    wait_for(lambda: controller.check(3).action is Action.SUSPEND, "the pushed suspension", 30)
+    pushed = controller.check(4)
+    controller.exit(ExitStatus(Outcome.SUSPENDED, 4))
     messages = agent.join()
-    assert all(d.action is Action.CONTINUE for d in decisions)
+    # Every boundary renews the decision for exactly one boundary: the peers agree at each.
+    assert [(d.action, d.lease_until) for d in first] == [
+        (Action.CONTINUE, b + 1) for b in range(3)
+    ]
+    assert (pushed.action, pushed.config_version, pushed.config, pushed.lease_until) == (
+        Action.SUSPEND,
+        1,
+        {"full_fraction": 0.5},
+        5,
+    )
     assert messages[0] == {"type": "hello", "job_id": 9, "rank": 0, "pid": os.getpid()}
-    assert [m["iteration"] for m in messages if m["type"] == "check"] == [0, 3, 6]
+    assert [m for m in messages if m["type"] == "check"] == [{"type": "check", "iteration": 0}]
     assert {"type": "report", "records": [record.to_message()]} in messages
     assert messages[-1] == {
         "type": "exit",
-        "status": "succeeded",
-        "iteration": 7,
+        "status": "suspended",
+        "iteration": 4,
         "error_tail": None,
     }
 
 
 def test_the_worker_entry_point_obeys_the_agent(tmp_path: Path) -> None:
-    agent = StandInAgent(
-        lambda iteration: Decision(
-            Action.SUSPEND if iteration == 4 else Action.CONTINUE, lease_until=iteration + 1
-        )
-    )
+    agent = StandInAgent(_suspend_after_report(2))
     (config,) = worker_configs(
         1, workload="digits-mlp", max_iterations=50, eval_every=2, checkpoint_dir=tmp_path
     )
@@ -97,7 +122,11 @@ def test_the_worker_entry_point_obeys_the_agent(tmp_path: Path) -> None:
     messages = agent.join()
     kinds = {m["type"] for m in messages}
     assert {"hello", "check", "report", "evaluation", "exit"} <= kinds
-    assert [m["iteration"] for m in messages if m["type"] == "check"] == [0, 1, 2, 3, 4]
+    assert [m["iteration"] for m in messages if m["type"] == "check"] == [0]
+    # The suspension was pushed after iteration 2's report; the worker stopped at the
+    # first boundary after it arrived, having reported every iteration up to there.
+    end = messages[-1]
+    assert end["type"] == "exit" and end["status"] == "suspended"
+    assert 2 < end["iteration"] < 50
     reported = [r["iteration"] for m in messages if m["type"] == "report" for r in m["records"]]
-    assert reported == [1, 2, 3, 4]
-    assert messages[-1]["type"] == "exit" and messages[-1]["status"] == "suspended"
+    assert reported == list(range(1, end["iteration"] + 1))

@@ -2,9 +2,9 @@
 
 One worker process per rank (`python -m worker_agent.runtime.worker`), each in its own
 process group. The supervisor holds the `multiprocessing.connection` Listener the workers
-dial (`runtime/protocol.py`): it answers rank 0's boundary checks from what the scheduler
-last said about the job, and turns reports, evaluations, output lines and process exits
-into messages on `outbound`, ready for the scheduler:
+dial (`runtime/protocol.py`): it tells rank 0 what the scheduler last said about the job
+(at its first check, then at every change), and turns reports, evaluations, output lines
+and process exits into messages on `outbound`, ready for the scheduler:
 
     agent_pb2.JobIterations | Evaluation | LogTail | JobExit (one per job, last)
 
@@ -103,6 +103,10 @@ class _Rank:
     exit_message: dict[str, Any] | None = None
     connected: threading.Event = field(default_factory=threading.Event)
     disconnected: threading.Event = field(default_factory=threading.Event)
+    # Rank 0's connection once it asked for its first decision: every change follows.
+    watcher: Connection | None = None
+    # Orders the decisions sent on `watcher` as the job's state changed.
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -222,6 +226,7 @@ class Supervisor:
             job.stop_requested = True
             job.action = Action.STOP
             _signal_ranks(job, signal.SIGTERM)
+        self._tell_rank0(job)
         timer = threading.Timer(self._stop_grace_seconds, self._kill, args=(job,))
         timer.daemon = True
         timer.start()
@@ -236,11 +241,14 @@ class Supervisor:
                     job_id,
                     extra={"job_id": job_id},
                 )
-            elif job.action is Action.CONTINUE:
-                job.action = Action.SUSPEND
+                return
+            if job.action is not Action.CONTINUE:
+                return
+            job.action = Action.SUSPEND
+        self._tell_rank0(job)
 
     def reconfigure(self, job_id: int, config_version: int, config: dict[str, Any]) -> None:
-        """The next boundary check of the job returns this configuration."""
+        """Rank 0 takes this configuration at its next boundary."""
         with self._lock:
             job = self._jobs.get(job_id)
             if job is None:
@@ -249,15 +257,17 @@ class Supervisor:
                     job_id,
                     extra={"job_id": job_id},
                 )
-            elif config_version <= job.config_version:
+                return
+            if config_version <= job.config_version:
                 logger.warning(
                     "job %d: configuration version %d is not newer than %d: ignored",
                     job_id,
                     config_version,
                     job.config_version,
                 )
-            else:
-                job.config_version, job.config = config_version, dict(config)
+                return
+            job.config_version, job.config = config_version, dict(config)
+        self._tell_rank0(job)
 
     def running(self) -> dict[int, dict[int, int]]:
         """The jobs with processes on this node: rank -> GPU index of each."""
@@ -651,9 +661,12 @@ class Supervisor:
                 rank.connected.set()
                 try:
                     while True:
-                        reply = self._handle(job, rank, connection.recv())
-                        if reply is not None:
-                            connection.send(reply)
+                        message = connection.recv()
+                        if message["type"] == "check":
+                            rank.watcher = connection
+                            self._tell(job, rank)
+                        else:
+                            self._handle(job, rank, message)
                 finally:
                     rank.disconnected.set()
             except (EOFError, ConnectionResetError):
@@ -677,18 +690,26 @@ class Supervisor:
             return None
         return hello
 
-    def _handle(self, job: _Job, rank: _Rank, message: dict[str, Any]) -> dict[str, Any] | None:
-        kind = message["type"]
-        if kind == "check":
+    def _tell(self, job: _Job, rank: _Rank) -> None:
+        """Send the job's decision to the rank watching it: the answer to its first
+        check, then every change (the worker reads what arrived at each boundary
+        without asking, so a boundary costs it no round trip)."""
+        with rank.send_lock:
+            if rank.watcher is None:
+                return
             with self._lock:
-                decision = Decision(
-                    job.action,
-                    job.config_version,
-                    job.config,
-                    # Asked again at every boundary, so commands apply at the next one.
-                    lease_until=message["iteration"] + 1,
-                )
-            return decision.to_message()
+                message = Decision(job.action, job.config_version, job.config).to_message()
+            # A worker that is gone needs no decision: its exit says how it ended.
+            with contextlib.suppress(OSError):
+                rank.watcher.send(message)
+
+    def _tell_rank0(self, job: _Job) -> None:
+        rank = job.ranks.get(0)
+        if rank is not None:
+            self._tell(job, rank)
+
+    def _handle(self, job: _Job, rank: _Rank, message: dict[str, Any]) -> None:
+        kind = message["type"]
         if kind == "report":
             records = [agent_pb2.IterationRecord(**record) for record in message["records"]]
             if records:
@@ -726,7 +747,6 @@ class Supervisor:
                 kind,
                 extra={"job_id": job.job_id},
             )
-        return None
 
 
 # ---------------------------------------------------------------------- helpers

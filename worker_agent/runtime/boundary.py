@@ -31,8 +31,9 @@ from worker_agent.runtime.protocol import Action, Decision
 
 _ACTIONS = list(Action)
 _BASE = 256
-# Digits per field, enough for the job spec's bounds (max_iterations <= 10**12).
-_FIELDS = {"action": 1, "target_reached": 1, "config_version": 4, "lease_until": 6}
+# Digits per field, enough for the job spec's bounds (max_iterations <= 10**12 bounds
+# a lease's length).
+_FIELDS = {"action": 1, "target_reached": 1, "config_version": 4, "lease": 6}
 _DIGITS = sum(_FIELDS.values())
 
 
@@ -75,24 +76,34 @@ class BoundarySync:
         self._boarded = False
         self._work: dist.Work | None = None
         self._decision: Decision | None = None
+        self._boundary = 0
+        # What rank 0 last wrote, and the last digits decoded: renewals repeat them.
+        self._offered_fields: tuple[int, ...] = ()
+        self._agreed_digits: list[float] = []
+        self._agreed: dict[str, int] = {}
         self._config_version = 0
         self._config: dict[str, Any] = dict(config)
 
-    def offer(self, decision: Decision | None, target_reached: bool) -> None:
-        """Set this boundary's agreement up for `launch` or a carrier's `board`.
+    def offer(self, boundary: int, decision: Decision | None, target_reached: bool) -> None:
+        """Set the agreement at `boundary` up for `launch` or a carrier's `board`.
         `decision` and `target_reached` count on rank 0 only."""
         assert not self._offered, "wait() for the previous agreement first"
+        self._boundary = boundary
         if self._rank == 0:
             assert decision is not None, "rank 0 must bring the controller's decision"
-            digits = _encode(
-                {
-                    "action": _ACTIONS.index(decision.action),
-                    "target_reached": int(target_reached),
-                    "config_version": decision.config_version,
-                    "lease_until": decision.lease_until,
-                }
+            # The lease travels as its length, so that a decision renewed at every
+            # boundary encodes the same each time: rank 0's slots, which the sum left
+            # holding its own digits, are then already written.
+            fields = (
+                _ACTIONS.index(decision.action),
+                int(target_reached),
+                decision.config_version,
+                max(decision.lease_until - boundary, 0),
             )
-            self._slots.copy_(torch.tensor(digits, dtype=torch.float64))
+            if fields != self._offered_fields:
+                digits = _encode(dict(zip(_FIELDS, fields, strict=True)))
+                self._slots.copy_(torch.tensor(digits, dtype=torch.float64))
+                self._offered_fields = fields
         else:
             self._slots.zero_()
         self._decision = decision
@@ -128,7 +139,10 @@ class BoundarySync:
             dist.all_reduce(self._slots)
         self._offered = self._boarded = False
         self._work = None
-        values = _decode(self._slots.tolist())
+        digits = self._slots.tolist()
+        if digits != self._agreed_digits:
+            self._agreed_digits, self._agreed = digits, _decode(digits)
+        values = self._agreed
         if values["config_version"] != self._config_version:
             self._follow_config(values["config_version"])
         return Agreement(
@@ -136,14 +150,14 @@ class BoundarySync:
                 _ACTIONS[values["action"]],
                 self._config_version,
                 self._config,
-                values["lease_until"],
+                self._boundary + values["lease"],
             ),
             target_reached=bool(values["target_reached"]),
         )
 
-    def agree(self, decision: Decision | None, target_reached: bool) -> Agreement:
+    def agree(self, boundary: int, decision: Decision | None, target_reached: bool) -> Agreement:
         """Collective, synchronous: `offer`, `launch` and `wait`."""
-        self.offer(decision, target_reached)
+        self.offer(boundary, decision, target_reached)
         self.launch()
         return self.wait()
 

@@ -93,12 +93,16 @@ class ConnectionController:
         return cls(Client(parse_address(address), authkey=authkey), job_id, rank)
 
     def check(self, iteration: int) -> Decision:
+        """The first boundary asks the agent; after that the agent sends every change of
+        the decision unasked, and a boundary only reads what arrived (no round trip)."""
+        if self._decision is None:
+            self._connection.send({"type": "check", "iteration": iteration})
+            self._decision = Decision.from_message(self._connection.recv())
+        while self._connection.poll():
+            self._decision = Decision.from_message(self._connection.recv())
         held = self._decision
-        if held is not None and held.action is Action.CONTINUE and iteration < held.lease_until:
-            return held
-        self._connection.send({"type": "check", "iteration": iteration})
-        self._decision = Decision.from_message(self._connection.recv())
-        return self._decision
+        # Any boundary may bring a change, so the peers agree at every one.
+        return Decision(held.action, held.config_version, held.config, iteration + 1)
 
     def report(self, records: list[IterationRecord]) -> None:
         self._connection.send(

@@ -9,6 +9,7 @@ its process takes with it when it exits).
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import socket
 import traceback
@@ -46,7 +47,10 @@ def run_local_gang(
     context = torch.multiprocessing.get_context("spawn")
     results = context.Queue()
     processes = [
-        context.Process(target=_member, args=(target, rank, world_size, port, args, results))
+        context.Process(
+            target=_member,
+            args=(target, rank, world_size, port, args, results, timeout_seconds),
+        )
         for rank in range(world_size)
     ]
     for process in processes:
@@ -73,7 +77,10 @@ def _member(
     port: int | None,
     args: tuple[Any, ...],
     results: Any,
+    timeout_seconds: float,
 ) -> None:
+    # A rank still running when the gang gives up says where it hangs.
+    faulthandler.dump_traceback_later(max(timeout_seconds - 5, 1), exit=False)
     torch.set_num_threads(1)
     if port is not None:
         dist.init_process_group(

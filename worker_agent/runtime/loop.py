@@ -307,7 +307,7 @@ class _Training:
         return self._decision
 
     def _agree_now(self, decision: Decision | None) -> Agreement:
-        return self._sync.agree(decision, self._target_reached)
+        return self._sync.agree(self.iteration, decision, self._target_reached)
 
     def _outcome(self, agreed: Agreement) -> Outcome | None:
         limit = self._config.max_iterations
@@ -341,7 +341,7 @@ class _Training:
         batch = to_device(self._batches.next(), self._device)
         self._backprop.zero_grad()
         if agreeing:
-            self._sync.offer(decision, self._target_reached)
+            self._sync.offer(boundary, decision, self._target_reached)
         loss = self._forward_backward(batch, agreeing)
         backward_end = self._clock.mark()
         self._backprop.step()

@@ -12,21 +12,22 @@ pooled workers only (started with `--pool`, before they know their job)
 
 worker -> agent
     {"type": "hello", "job_id": int, "rank": int, "pid": int}               first, once
-    {"type": "check", "iteration": int}                      rank 0 only; agent replies
+    {"type": "check", "iteration": int}                 rank 0 only, once; agent replies
     {"type": "report", "records": [IterationRecord as dict, ...]}          rank 0 only
     {"type": "evaluation", "iteration": int, "metrics": {str: float}}      rank 0 only
     {"type": "profile", "workload": str, "profile": SPBProfile as JSON}   rank 0, at most once
     {"type": "exit", "status": Outcome value, "iteration": int,
      "error_tail": str | None}                                         last, once
-agent -> worker (only as the reply to "check")
+agent -> worker (rank 0 only: the reply to "check", then every change, unasked)
     {"action": "continue" | "suspend" | "stop", "config_version": int,
      "config": dict, "lease_until": int}
 
-`iteration` is always a boundary: the number of iterations completed. A decision holds
-from the boundary it was asked at until `lease_until`: while the action is "continue"
-and the boundary is below `lease_until`, the worker does not ask again (the agent sets
-`lease_until = iteration + 1` to be asked at every boundary). `config` changes only
-together with `config_version`.
+`iteration` is always a boundary: the number of iterations completed. The job's decision
+holds until the agent sends another; rank 0 reads what arrived at every boundary, so a
+command takes effect at the first boundary after it reaches the worker, and a boundary
+costs no round trip to the agent. `lease_until` is the runtime's own (`Decision` also
+tells the training loop's ranks how long they may go without agreeing); the agent sends
+0. `config` changes only together with `config_version`.
 
 Log lines travel separately: the agent reads every worker's stdout and stderr.
 
