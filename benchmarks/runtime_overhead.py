@@ -29,15 +29,23 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from benchmarks.harness import emit
+from scheduler.jobspec import Hyperparameters
+from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import LocalController
 from worker_agent.runtime.gang import free_local_port, run_local_gang
 from worker_agent.runtime.loop import run_worker
+from worker_agent.runtime.protocol import Decision
+from worker_agent.runtime.timing import CommMeter, DeviceClock
 from worker_agent.runtime.trial import TrialContext
 from worker_agent.runtime.workloads import load_trial
 
 WORLD_SIZE = 2
 MODES = ("bare", "runtime")
+AGREEMENTS = ("ddp", "comm hook", "hook + agreement riding", "hook + agreement all-reduce")
+# Steps per timed chunk of part 2, and chunks per case.
+_CHUNK_STEPS = 50
+_CHUNKS = 30
 
 
 @dataclass
@@ -151,6 +159,49 @@ def _rendezvous_port(rank: int, world_size: int, ports: Any) -> int:
     return int(ports.get(timeout=600))
 
 
+def _agreement_member(rank: int, world_size: int, args: argparse.Namespace) -> Any:
+    """Part 2 on one rank: seconds per step of each case, median over chunks."""
+    cpu = torch.device("cpu")
+    hyperparameters = Hyperparameters(batch_size=args.batch_size)
+    context = TrialContext(hyperparameters, rank, world_size, cpu, seed=0)
+    trial = load_trial(args.workload)(context)
+    loader = DataLoader(trial.train_data(), context.per_rank_batch_size, shuffle=True)
+    batch = next(iter(loader))
+    cases = []
+    for case in AGREEMENTS:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(trial.build_model())
+        sync = BoundarySync(rank, world_size, cpu, {})
+        if case != "ddp":
+            riding = sync if case == "hook + agreement riding" else None
+            model.register_comm_hook(
+                CommMeter(DeviceClock(cpu), world_size, riding), CommMeter.hook
+            )
+        optimizer = trial.build_optimizer(model.parameters())
+        cases.append((case, model, optimizer, sync))
+    seconds: dict[str, list[float]] = {case: [] for case in AGREEMENTS}
+    for chunk in range(_CHUNKS):
+        for case, model, optimizer, sync in cases if chunk % 2 == 0 else reversed(cases):
+            agreeing = case.startswith("hook + agreement")
+            dist.barrier()
+            start = time.perf_counter()
+            for step in range(_CHUNK_STEPS):
+                optimizer.zero_grad()
+                if agreeing:
+                    # Rank 0's controller renews the decision for one boundary.
+                    decision = Decision(lease_until=step + 1) if rank == 0 else None
+                    sync.offer(step, decision, target_reached=False)
+                loss = trial.loss(model, batch)
+                if case == "hook + agreement all-reduce":
+                    sync.launch()
+                loss.backward()
+                optimizer.step()
+                if agreeing:
+                    sync.wait()
+            seconds[case].append((time.perf_counter() - start) / _CHUNK_STEPS)
+    return {case: statistics.median(values) for case, values in seconds.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="digits-cnn")
@@ -189,6 +240,23 @@ def main() -> None:
         for mode, values in per_iteration.items()
     ]
     emit(rows, f"Runtime overhead vs bare DDP ({args.repeats} interleaved repetitions)", args.json)
+
+    per_step: dict[str, float] = run_local_gang(_agreement_member, WORLD_SIZE, args)[0]
+    rows = [
+        {
+            "case": case,
+            "workload": args.workload,
+            "workers": WORLD_SIZE,
+            "ms/it": 1000 * seconds,
+            "overhead %": 100 * (seconds / per_step["ddp"] - 1),
+        }
+        for case, seconds in per_step.items()
+    ]
+    emit(
+        rows,
+        f"What the boundary agreement costs ({_CHUNKS} chunks of {_CHUNK_STEPS} steps)",
+        args.json,
+    )
 
 
 if __name__ == "__main__":

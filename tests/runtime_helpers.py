@@ -3,6 +3,7 @@ gang of real gloo workers in spawned processes."""
 
 from __future__ import annotations
 
+import faulthandler
 import random
 import traceback
 from typing import Any
@@ -117,6 +118,8 @@ def run_gang(
 def _gang_member(
     config_json: str, controller: LocalController, scramble_rng: bool, results: Any
 ) -> None:
+    # A rank still running when the gang gives up says where it hangs.
+    faulthandler.dump_traceback_later(_GANG_TIMEOUT_SECONDS - 5, exit=False)
     config = WorkerConfig.model_validate_json(config_json)
     if scramble_rng:
         # Whatever state a process starts with must not leak into the trajectory.

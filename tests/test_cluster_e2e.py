@@ -202,23 +202,25 @@ def test_a_killed_agent_loses_its_job_which_resumes_from_its_checkpoint_elsewher
 ) -> None:
     with cluster(tmp_path, **_database(request, backend)) as c:
         c.start_agent("agent-a", gpus=1)
-        c.wait_nodes(alive=1)
+        c.start_agent("agent-b", gpus=1)
+        c.wait_nodes(alive=2)
         with c.client() as client:
+            # Long enough to be still running when its agent is killed, a few seconds in.
             job_id = client.submit(
-                {"name": "digits", "workload": "digits-mlp", "max_iterations": 150}
+                {"name": "digits", "workload": "digits-mlp", "max_iterations": 3000}
             )["id"]
             c.wait_job(job_id, lambda j: j["iterations_done"] > 2 * CHECKPOINT_EVERY, "underway")
-            c.start_agent("agent-b", gpus=1)
-            c.wait_nodes(alive=2)
+            (victim,) = _nodes_of(client, job_id)
+            (survivor,) = {"agent-a", "agent-b"} - {victim}
             victims = worker_pids(tmp_path)
             assert victims
-            kill(c.agents["agent-a"])
+            kill(c.agents[victim])
             # The agent's training processes die with it, without waiting for a timeout.
             wait_for(lambda: not set(victims) & set(worker_pids(tmp_path)), "orphans to die")
 
             job = c.wait_job(job_id, ended, "ended")
             assert job["state"] == "SUCCEEDED", job
-            assert _nodes_of(client, job_id) == ["agent-b"]
+            assert _nodes_of(client, job_id) == [survivor]
             events = client.events(job_id)["items"]
             assert any(e["to_state"] == "QUEUED" and "agent lost" in e["message"] for e in events)
             lines = [line["message"] for line in client.logs(job_id)["items"]]

@@ -14,7 +14,6 @@ every batch.
 
 from __future__ import annotations
 
-import copy
 import logging
 import traceback
 from datetime import timedelta
@@ -274,10 +273,14 @@ class _Training:
         them as the workload's model profile."""
         state = rng.capture()
         try:
+            # A new instance with the current state, not a deep copy: the hooks training
+            # put on the model (K-FAC's, the out-of-order schedules') hold process groups.
+            copy = self._trial.build_model().to(self._device)
+            copy.load_state_dict(self._net.state_dict())
             profile = profile_model(
                 self._config.workload,
                 self._trial,
-                copy.deepcopy(self._net),
+                copy,
                 stages=self._config.spb_stages,
                 repeats=_PROFILE_REPEATS,
             )
