@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import math
 import statistics
 import time
@@ -100,37 +101,44 @@ def _bare_seconds(config: WorkerConfig, args: argparse.Namespace) -> float:
         timeout=timedelta(seconds=config.collective_timeout_seconds),
     )
     try:
-        torch.manual_seed(config.seed)
-        context = TrialContext(
-            config.hyperparameters, config.rank, WORLD_SIZE, torch.device("cpu"), config.seed
-        )
-        trial = load_trial(config.workload)(context)
-        model = DistributedDataParallel(trial.build_model())
-        optimizer = trial.build_optimizer(model.parameters())
-        sampler: DistributedSampler[Any] = DistributedSampler(
-            trial.train_data(), WORLD_SIZE, config.rank, seed=config.seed, drop_last=True
-        )
-        loader = DataLoader(
-            trial.train_data(), context.per_rank_batch_size, sampler=sampler, drop_last=True
-        )
-        iteration, epoch, start = 0, 0, 0.0
-        while iteration < args.warmup + args.iterations:
-            sampler.set_epoch(epoch)
-            for batch in loader:
-                if iteration == args.warmup:
-                    start = time.perf_counter()
-                optimizer.zero_grad()
-                trial.loss(model, batch).backward()
-                optimizer.step()
-                iteration += 1
-                if iteration == args.warmup + args.iterations:
-                    break
-            epoch += 1
-        # Both modes end their window after a collective: the runtime's boundary check.
-        dist.barrier()
-        return time.perf_counter() - start
+        # In a frame of its own, so that DDP is freed while the group is alive (as
+        # `run_worker` does: freed after it, a gloo group can hang at teardown).
+        return _bare_loop(config, args)
     finally:
+        gc.collect()  # DDP's reference cycles too
         dist.destroy_process_group()
+
+
+def _bare_loop(config: WorkerConfig, args: argparse.Namespace) -> float:
+    torch.manual_seed(config.seed)
+    context = TrialContext(
+        config.hyperparameters, config.rank, WORLD_SIZE, torch.device("cpu"), config.seed
+    )
+    trial = load_trial(config.workload)(context)
+    model = DistributedDataParallel(trial.build_model())
+    optimizer = trial.build_optimizer(model.parameters())
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        trial.train_data(), WORLD_SIZE, config.rank, seed=config.seed, drop_last=True
+    )
+    loader = DataLoader(
+        trial.train_data(), context.per_rank_batch_size, sampler=sampler, drop_last=True
+    )
+    iteration, epoch, start = 0, 0, 0.0
+    while iteration < args.warmup + args.iterations:
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            if iteration == args.warmup:
+                start = time.perf_counter()
+            optimizer.zero_grad()
+            trial.loss(model, batch).backward()
+            optimizer.step()
+            iteration += 1
+            if iteration == args.warmup + args.iterations:
+                break
+        epoch += 1
+    # Both modes end their window after a collective: the runtime's boundary check.
+    dist.barrier()
+    return time.perf_counter() - start
 
 
 def _member(rank: int, world_size: int, ports: Any, args: argparse.Namespace) -> Any:
