@@ -11,9 +11,9 @@ version changes.
 An agreement costs no collective of its own when the step's gradient exchange carries
 it: the loop `offer`s it before backward, and the exchange's first all-reduce over the
 whole world (DDP's first bucket, SPB's all-contributor bucket) appends the digits to its
-buffer (`board`) and takes them off the reduced buffer (`alight`). On gloo a separate all-reduce
-per step costs as much as a small model's whole gradient exchange (a round trip and a
-wake-up of the collective thread). Schedules without such an all-reduce `launch` the
+buffer (`board`) and takes them off the reduced buffer (`alight`). On gloo a separate
+all-reduce per step made a small model's step 29-50% slower, riding 2-4%
+(`benchmarks/runtime_overhead.py`, part 2). Schedules without such an all-reduce `launch` the
 agreement as a collective of its own, asynchronously, so that it hides behind backward.
 Whether the digits ride is decided identically on every rank (same lease, same bucket
 order), so the collectives always match.
