@@ -159,6 +159,22 @@ def test_a_wasteful_job_is_shrunk_only_while_the_cluster_is_crowded() -> None:
     assert sorted(len(p.gpu_ids) for p in crowded.start) == [2, 2]
 
 
+def test_a_long_job_is_sized_for_efficiency_when_the_cluster_is_crowded() -> None:
+    # Both ask for 4 GPUs and run 1.7 s per iteration on 2 (85% of 4's progress per
+    # GPU: above the 0.8 floor). The short one (1,000 s to go) keeps 4; the long one
+    # (10,000 s) gets the 2 GPUs it uses best, which lets it start beside the others
+    # instead of waiting for 4.
+    short = job(1, 4, model(4, 1000, sizes={2: 1.7}))
+    long = job(2, 4, model(4, 10_000, sizes={2: 1.7}))
+    small = job(3, 2, model(2, 100))
+    cluster = nodes(1, 8)
+    plan = jigsaw.schedule(snap(cluster, short, long, small))
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 2, 3: 2}
+    # Without the long-job floor it asks for 4 like the short one and waits.
+    plan = jigsaw.schedule(snap(cluster, short, long, small), long_job_floor=0.0)
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 3: 2}
+
+
 def test_the_job_that_costs_the_cluster_least_to_finish_goes_first() -> None:
     # 60 s on all 8 GPUs against 100 s on one: the narrow job needs 100 GPU-seconds,
     # the wide one 480, so the narrow one goes first (shortest time first would not).

@@ -16,10 +16,12 @@ over jobs divided by the GPUs. Each round:
 2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
    do). A job's base size is what it asked for while all requests fit the cluster;
    else the most GPUs it uses at no less than a floor of its best progress per GPU,
-   the mildest of `efficiency_floors` under which the requests fit (a running job: that
-   or what it holds, whichever is less). Running jobs then keep what they hold above
-   their base while GPUs remain, in order, and shrink to it (move) when a job ahead
-   needs them, instead of being suspended. Kept jobs stay where they are; newcomers and
+   the mildest of `efficiency_floors` under which the requests fit, and a job with
+   more than `long_job_seconds` to go even at that size at no less than
+   `long_job_floor` (a running job: that or what it holds, whichever is less).
+   Running jobs then keep what they hold above their base while GPUs remain, in
+   order, and shrink to it (move) when a job ahead needs them, instead of being
+   suspended. Kept jobs stay where they are; newcomers and
    moved jobs are gang-placed on free GPUs; running jobs not admitted keep running
    where nobody took their GPUs. GPUs still free then grow placed jobs, in order, each
    to the size (including more than it asked for) that finishes it soonest on the
@@ -72,6 +74,8 @@ MAX_GUESTS = 64
 MAX_FAILURES = 8
 MAX_HOST_LOSS = 0.02
 EFFICIENCY_FLOORS = (0.5, 0.7, 0.8)
+LONG_JOB_SECONDS = 3600.0
+LONG_JOB_FLOOR = 0.95
 MIN_GROW_SAVING = 600.0
 CONFIGS: tuple[SPBConfig, ...] = (
     SPBConfig(full_fraction=0.5, partial_depth=0.5),
@@ -152,6 +156,8 @@ def schedule(
     max_guests: int = MAX_GUESTS,
     max_host_loss: float = MAX_HOST_LOSS,
     efficiency_floors: tuple[float, ...] = EFFICIENCY_FLOORS,
+    long_job_seconds: float = LONG_JOB_SECONDS,
+    long_job_floor: float = LONG_JOB_FLOOR,
     min_grow_saving: float = MIN_GROW_SAVING,
     grow: bool = True,
     spb_enabled: bool = True,
@@ -171,9 +177,9 @@ def schedule(
     jobs = candidates(snapshot)
     per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
     floor = _shrink_floor(jobs, per_node, len(usable), efficiency_floors)
+    sizing = _Sizing(per_node, floor, long_job_seconds, long_job_floor)
     ordered = sorted(
-        jobs,
-        key=lambda job: _order(job, snapshot, starvation_seconds, stickiness, per_node, floor),
+        jobs, key=lambda job: _order(job, snapshot, starvation_seconds, stickiness, sizing)
     )
     guests = _guests(snapshot)
 
@@ -184,8 +190,7 @@ def schedule(
         guests,
         budget=len(usable),
         capacity=snapshot.alive_gpu_count(),
-        per_node=per_node,
-        floor=floor,
+        sizing=sizing,
     )
     admitted = [job for job in ordered if job.id in size]
     kept = {
@@ -305,34 +310,57 @@ def _order(
     snapshot: ClusterSnapshot,
     starvation_seconds: float,
     stickiness: float,
-    per_node: int,
-    floor: float,
+    sizing: _Sizing,
 ) -> tuple[int, bool, float, float, int]:
     arrived = (snapshot.now - job.created_at).total_seconds()
     waited = arrived - job.attained_gpu_seconds / job.workers
     # Time not holding GPUs stops growing once a job runs, so a job promoted for
     # starving keeps its place until it ends instead of being preempted next round.
     starving = waited > starvation_seconds
-    remaining = _remaining_gpu_seconds(job, per_node, floor)
+    remaining = sizing.remaining_gpu_seconds(job)
     if job.holding:
         remaining *= stickiness
     return (-job.priority, not starving, remaining, -arrived, job.id)
 
 
-def _remaining_gpu_seconds(job: JobView, per_node: int, floor: float) -> float:
-    """What finishing the job costs the cluster: its remaining time at its base size
-    times that size (a small job that is a little longer beats a wide one, as SRSF);
-    without a speed model, its iterations left (as SRTF)."""
-    if job.model is None:
-        return remaining_seconds(job)
-    size = _base_size(job, per_node, floor)
-    return size * remaining_seconds_at(job, size, per_node)
+@dataclass(frozen=True)
+class _Sizing:
+    """How big each job's base allocation is this round.
 
+    While the requests fit, what each asked for. When they do not, a job gets the most
+    GPUs it uses at no less than `floor` of its best progress per GPU; a long job (more
+    than `long_seconds` to go even at that size) at no less than `long_floor`. Width
+    buys a long job little (an hour saved of ten) and costs the short jobs behind it
+    what it takes; at its efficient size it frees those GPUs for them, and growth
+    hands it whatever stays idle.
+    """
 
-def _base_size(job: JobView, per_node: int, floor: float) -> int:
-    held = len(job.allocated_gpu_ids)
-    size = _efficient_size(job, per_node, floor)
-    return min(size, held) if job.holding else size
+    per_node: int
+    floor: float
+    long_seconds: float
+    long_floor: float
+
+    def base(self, job: JobView) -> int:
+        """The job's base size (a running job: that or what it holds, whichever is
+        less; it may have grown past it)."""
+        size = _efficient_size(job, self.per_node, self.floor)
+        if (
+            self.floor
+            and self.long_floor > self.floor
+            and job.model is not None
+            and remaining_seconds_at(job, size, self.per_node) > self.long_seconds
+        ):
+            size = _efficient_size(job, self.per_node, self.long_floor)
+        return min(size, len(job.allocated_gpu_ids)) if job.holding else size
+
+    def remaining_gpu_seconds(self, job: JobView) -> float:
+        """What finishing the job costs the cluster: its remaining time at its base
+        size times that size (a small job that is a little longer beats a wide one, as
+        SRSF); without a speed model, its iterations left (as SRTF)."""
+        if job.model is None:
+            return remaining_seconds(job)
+        size = self.base(job)
+        return size * remaining_seconds_at(job, size, self.per_node)
 
 
 def _size_jobs(
@@ -341,8 +369,7 @@ def _size_jobs(
     *,
     budget: int,
     capacity: int,
-    per_node: int,
-    floor: float,
+    sizing: _Sizing,
 ) -> tuple[dict[int, int], dict[int, int]]:
     """Each job's base size, and the GPUs of each job admitted this round (absent:
     not admitted), in order.
@@ -356,7 +383,7 @@ def _size_jobs(
     size: dict[int, int] = {}
     for job in ordered:
         held = len(job.allocated_gpu_ids)
-        base[job.id] = held if job.id in guests else _base_size(job, per_node, floor)
+        base[job.id] = held if job.id in guests else sizing.base(job)
         if base[job.id] <= min(budget, capacity):
             size[job.id] = base[job.id]
             budget -= base[job.id]
