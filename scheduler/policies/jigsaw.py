@@ -21,13 +21,13 @@ over jobs divided by the GPUs. Each round:
    `long_job_floor` (a running job: that or what it holds, whichever is less).
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
-   suspended. Kept jobs stay where they are; newcomers and
-   moved jobs are gang-placed on free GPUs; running jobs not admitted keep running
-   where nobody took their GPUs. GPUs still free then grow placed jobs, in order, each
-   to the size (including more than it asked for) that finishes it soonest on the
-   nodes those GPUs are on; a running job only when that saves it `min_grow_saving`
-   seconds, its restart included. Idle GPUs add nothing, so growth costs nothing until
-   a job ahead needs them back.
+   suspended. Kept jobs stay where they are; newcomers and moved jobs are
+   gang-placed on free GPUs; running jobs not admitted keep running where nobody took
+   their GPUs. GPUs still free then grow placed jobs, in order, each to the size
+   (including more than it asked for) that finishes it soonest on the nodes those
+   GPUs are on; a running job only when that saves it `min_grow_saving` seconds, its
+   restart included. Idle GPUs add nothing, so growth costs nothing until a job ahead
+   needs them back.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
