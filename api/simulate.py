@@ -23,6 +23,7 @@ from rich.progress import (
 from rich.table import Table
 
 from scheduler.policies import POLICIES, Policy, get_policy, jigsaw
+from scheduler.sim.bound import makespan_lower_bound
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles
@@ -156,6 +157,7 @@ def simulate(
             raise _bad(f"{load.name}: no job to simulate ({len(load.skipped)} row(s) skipped)")
     results: list[SimResult] = []
     rows: list[dict[str, Any]] = []
+    bounds: dict[str, float] = {}
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -186,11 +188,24 @@ def simulate(
                     err.print(f"[yellow]rejected[/yellow] {load.name}: job {job_name}: {why}")
                 results.append(result)
                 row = summarize(result)
+                if options.zero_arrivals:
+                    # Submitted together, a workload has a makespan no schedule beats.
+                    if load.name not in bounds:
+                        configs = (None, *jigsaw.CONFIGS)
+                        bounds[load.name] = makespan_lower_bound(
+                            simulator.models, shape.gpus, configs
+                        )
+                    row["makespan_lower_bound_s"] = bounds[load.name]
                 rows.append(row)
                 if as_json:
                     typer.echo(json.dumps(row))
     if not as_json:
         out.print(_table(rows))
+        for load_name, bound in bounds.items():
+            out.print(
+                f"{load_name}: no schedule that runs one job per GPU at a time finishes "
+                f"before {bound:,.0f} s (makespan lower bound)"
+            )
     if plots is not None:
         from scheduler.sim.plots import write_plots  # matplotlib only when asked
 

@@ -168,6 +168,11 @@ class Simulator:
         self._by_id = {record.id: record for record in self._records}
         self.conflicts = 0
 
+    @property
+    def models(self) -> tuple[JobModel, ...]:
+        """The speed models of the jobs it runs (not those rejected)."""
+        return tuple(record.model for record in self._records)
+
     # -- the job's speed ---------------------------------------------------------------
 
     def _model(self, trace: TraceJob) -> JobModel:

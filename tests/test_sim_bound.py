@@ -1,0 +1,96 @@
+"""The makespan lower bound: exact on small cases, and no policy's run beats it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from scheduler.jobmodel import JobModel
+from scheduler.policies import Policy, fifo, jigsaw, srtf, tiresias
+from scheduler.sim.bound import cost_curve, least_cost, makespan_lower_bound
+from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
+from scheduler.sim.metrics import summarize
+from scheduler.sim.trace import load_workload
+from tests.servers import JIGSAW, clean_env
+
+WORKLOAD_6 = Path(__file__).resolve().parents[2] / "shared/traces/pollux/workloads/workload-6.csv"
+
+
+def job(seconds_by_size: dict[int, float], iterations: int = 100) -> JobModel:
+    """A job of `iterations` that finishes in these seconds on these GPUs (one node)."""
+    steps = {w: {1: (seconds / iterations, 0.0)} for w, seconds in seconds_by_size.items()}
+    return JobModel(iterations_total=iterations, workers=min(seconds_by_size), steps=steps)
+
+
+def test_jobs_of_one_size_are_bounded_by_their_longest_and_by_their_total_work() -> None:
+    one_gpu_100_s = job({1: 100.0})
+    assert makespan_lower_bound([one_gpu_100_s] * 2, gpus=2) == pytest.approx(100.0)
+    # Three on two GPUs: 300 GPU-seconds need 150 s, though whole jobs would need 200.
+    assert makespan_lower_bound([one_gpu_100_s] * 3, gpus=2) == pytest.approx(150.0)
+    assert makespan_lower_bound([], gpus=2) == 0.0
+
+
+def test_a_job_may_mix_sizes_and_never_runs_a_way_that_is_slower_and_dearer() -> None:
+    # 1 GPU: 100 s (100 GPU-s); 2 GPUs: 80 s (160); 4 GPUs: 30 s (120). Two GPUs lie
+    # above the chord between the others: half the work wide, half narrow is cheaper.
+    curve = cost_curve(job({1: 100.0, 2: 80.0, 4: 30.0}), (None,))
+    assert curve == [(pytest.approx(30.0), pytest.approx(120.0)), (100.0, 100.0)]
+    assert least_cost(curve, 80.0) == pytest.approx(120.0 - 20.0 * 50.0 / 70.0)
+    assert least_cost(curve, 20.0) == float("inf")
+    assert least_cost(curve, 500.0) == pytest.approx(100.0)
+    # Alone on four GPUs it finishes in 30 s; four of them need 400 GPU-seconds at best.
+    assert makespan_lower_bound([job({1: 100.0, 4: 30.0})], gpus=4) == pytest.approx(30.0)
+    assert makespan_lower_bound([job({1: 100.0, 4: 30.0})] * 4, gpus=4) == pytest.approx(100.0)
+
+
+def test_no_policy_finishes_a_pollux_workload_before_the_bound() -> None:
+    workload = load_workload(WORKLOAD_6)
+    jobs = workload.jobs[:60]
+    cluster = ClusterShape.parse("4x4")
+    options = SimOptions(zero_arrivals=True)
+    bound = makespan_lower_bound(
+        Simulator(jobs, cluster, fifo.schedule, options=options).models,
+        cluster.gpus,
+        (None, *jigsaw.CONFIGS),
+    )
+    # Policies that give each GPU to one job at a time (the bound's assumption).
+    policies: dict[str, Policy] = {
+        "fifo": fifo.schedule,
+        "srtf": srtf.schedule,
+        "tiresias": tiresias.schedule,
+        "jigsaw without packing": partial(jigsaw.schedule, max_guests=0),
+    }
+    makespans = {}
+    for name, policy in policies.items():
+        result = Simulator(jobs, cluster, policy, options=options).run()
+        makespans[name] = summarize(result)["makespan_s"]
+    assert all(makespan >= bound for makespan in makespans.values()), (bound, makespans)
+    # Close enough to a good schedule to be worth quoting (JigSaw within 40% of it).
+    assert makespans["jigsaw without packing"] < 1.4 * bound, (bound, makespans)
+
+
+def test_simulate_reports_the_bound_of_a_workload_submitted_at_time_0(tmp_path: Path) -> None:
+    # Three one-GPU jobs of 100 s on two GPUs: 300 GPU-seconds bound it at 150 s.
+    path = tmp_path / "three.csv"
+    path.write_text(
+        "name,submit_seconds,workers,iterations,step_seconds\n"
+        + "".join(f"j{i},{i * 10},1,100,1\n" for i in range(3))
+    )
+    command = [*JIGSAW, "simulate", "--workload", str(path), "--policies", "fifo,jigsaw",
+               "--cluster", "1x2", "--arrivals", "zero"]  # fmt: skip
+    run = partial(
+        subprocess.run, env=clean_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    result = run([*command, "--json"], check=True)
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["makespan_lower_bound_s"] for row in rows] == [pytest.approx(150.0)] * 2
+    assert all(row["makespan_s"] >= 200.0 for row in rows)  # whole jobs: two rounds
+    table = run(command, check=True).stdout
+    assert "finishes before 150 s (makespan lower bound)" in " ".join(table.split())
+    # With the trace's arrivals there is no such bound to report.
+    traced = run([*command[:-2], "--json"], check=True).stdout
+    assert all("makespan_lower_bound_s" not in json.loads(line) for line in traced.splitlines())
