@@ -192,6 +192,22 @@ def test_idle_gpus_grow_a_job_to_the_size_that_finishes_it_soonest() -> None:
     assert [len(p.gpu_ids) for p in plan.start] == [4]
 
 
+def test_a_long_job_grows_only_as_far_as_it_uses_gpus_well_before_others_grow() -> None:
+    # Six idle GPUs. The long job (20,000 s to go on 2) goes first and would finish
+    # soonest on 8, at 62% of its best progress per GPU; it takes 4 (91%) and the short
+    # job (12,000 s on 4, 83% of its best on 8) grows into the rest.
+    long = job(1, 2, model(2, 20_000, sizes={4: 0.55, 8: 0.4}))
+    short = job(2, 4, model(4, 12_000, sizes={8: 0.6}))
+    plan = jigsaw.schedule(snap(nodes(1, 12), long, short))
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 8}
+    # Without the floor the long job takes every idle GPU.
+    plan = jigsaw.schedule(snap(nodes(1, 12), long, short), grow_floor=0.0)
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 8, 2: 4}
+    # Alone, it still grows as far as finishing sooner goes.
+    plan = jigsaw.schedule(snap(nodes(1, 12), long))
+    assert [len(p.gpu_ids) for p in plan.start] == [8]
+
+
 def test_a_job_does_not_grow_onto_gpus_spread_over_nodes_that_slow_it() -> None:
     # One GPU free on each of two nodes: 2 GPUs on one node would be faster than 1,
     # across the two nodes slower, so the job stays on one.

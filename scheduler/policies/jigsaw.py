@@ -26,8 +26,11 @@ over jobs divided by the GPUs. Each round:
    their GPUs. GPUs still free then grow placed jobs, in order, each to the size
    (including more than it asked for) that finishes it soonest on the nodes those
    GPUs are on; a running job only when that saves it `min_grow_saving` seconds, its
-   restart included. Idle GPUs add nothing, so growth costs nothing until a job ahead
-   needs them back.
+   restart included. In a first pass a job with more than `grow_floor_seconds` to go
+   grows only to sizes at `grow_floor` of its best progress per GPU (it would hold
+   the GPUs for hours), so the jobs behind it grow too; GPUs still idle after that go
+   as fast as they speed jobs up. Idle GPUs add nothing, so growth costs nothing until
+   a job ahead needs them back.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
@@ -77,6 +80,8 @@ EFFICIENCY_FLOORS = (0.5, 0.7, 0.8)
 LONG_JOB_SECONDS = 3600.0
 LONG_JOB_FLOOR = 0.95
 MIN_GROW_SAVING = 600.0
+GROW_FLOOR = 0.7
+GROW_FLOOR_SECONDS = 4 * 3600.0
 CONFIGS: tuple[SPBConfig, ...] = (
     SPBConfig(full_fraction=0.5, partial_depth=0.5),
     SPBConfig(full_fraction=0.5, partial_depth=0.25),
@@ -159,6 +164,8 @@ def schedule(
     long_job_seconds: float = LONG_JOB_SECONDS,
     long_job_floor: float = LONG_JOB_FLOOR,
     min_grow_saving: float = MIN_GROW_SAVING,
+    grow_floor: float = GROW_FLOOR,
+    grow_floor_seconds: float = GROW_FLOOR_SECONDS,
     grow: bool = True,
     spb_enabled: bool = True,
 ) -> Plan:
@@ -229,16 +236,19 @@ def schedule(
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
             pool.claim([usable[g] for g in job.allocated_gpu_ids])
     if grow:
-        _grow(
-            admitted,
-            guests,
-            layout,
-            pool,
-            usable,
-            started,
-            moved,
-            min_grow_saving,
-        )
+        # Every job grows as far as it uses GPUs well first, then as fast as it goes.
+        for floor_now in (grow_floor, 0.0):
+            _grow(
+                admitted,
+                guests,
+                layout,
+                pool,
+                usable,
+                started,
+                moved,
+                min_grow_saving,
+                _Growth(per_node, floor_now, grow_floor_seconds),
+            )
     kept_guests = set()
     for job in ordered:
         if (
@@ -405,12 +415,13 @@ def _grow(
     started: list[int],
     moved: list[int],
     min_grow_saving: float,
+    growth: _Growth,
 ) -> None:
     """GPUs nobody else is admitted to grow placed jobs, in order: each to the size
     that finishes it soonest on the nodes the free GPUs are on (a gang spread thin can
-    be slower than a smaller one on one node). Idle, those GPUs would add nothing; a
-    running job moves only when that saves it `min_grow_saving` seconds, its restart
-    included."""
+    be slower than a smaller one on one node), up to `growth.widest`. Idle, those GPUs
+    would add nothing; a running job moves only when that saves it `min_grow_saving`
+    seconds, its restart included."""
     for job in admitted:
         if pool.total == 0:
             return
@@ -424,9 +435,12 @@ def _grow(
         chosen, soonest = 0, _remaining_on(job, len(held), layout.nodes[job.id])
         if not fresh:
             soonest -= min_grow_saving
+        widest = growth.widest(job, len(held))
         for workers in job.model.sizes:
             if workers <= len(held):
                 continue
+            if workers > widest:
+                break
             span = pool.span(workers, mine)
             if span is None:
                 break
@@ -443,6 +457,29 @@ def _grow(
             if not fresh:
                 started.append(job.id)
                 moved.append(job.id)
+
+
+@dataclass(frozen=True)
+class _Growth:
+    """How wide growth may make a job in this pass.
+
+    A job with more than `long_seconds` to go grows only to sizes where it makes at
+    least `floor` of its best progress per GPU: grown, it would hold those GPUs for
+    hours (it moves again only for a real saving), where a short job hands them back
+    soon. Without a floor (the last pass) a job grows as far as finishing sooner goes.
+    """
+
+    per_node: int
+    floor: float
+    long_seconds: float
+
+    def widest(self, job: JobView, held: int) -> float:
+        assert job.model is not None
+        if not self.floor or remaining_seconds_at(job, held, self.per_node) <= self.long_seconds:
+            return math.inf
+        values = _per_gpu_values(job, self.per_node)
+        best = max(values.values())
+        return max(w for w in job.model.sizes if w <= held or values[w] >= self.floor * best)
 
 
 def remaining_seconds_at(job: JobView, workers: int, per_node: int) -> float:
