@@ -236,7 +236,8 @@ def schedule(
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
             pool.claim([usable[g] for g in job.allocated_gpu_ids])
     if grow:
-        # Every job grows as far as it uses GPUs well first, then as fast as it goes.
+        # Long jobs first grow only as far as they use GPUs well, so the jobs behind
+        # them grow too; then what is still idle goes as fast as it speeds jobs up.
         for floor_now in (grow_floor, 0.0):
             _grow(
                 admitted,
