@@ -113,7 +113,9 @@ def test_spb_is_chosen_when_fewer_bytes_outweigh_its_price() -> None:
 
 def test_a_waiting_job_is_packed_on_partial_workers_without_slowing_the_host() -> None:
     host_model = model(2, 10_000, step=3.0, spb=profile())
-    guest_model = model(1, 100_000)
+    # It could run faster on two GPUs: on one only, it would outlast the host by so
+    # much that it had to start first (the test of jobs that set the makespan).
+    guest_model = model(1, 100_000, sizes={2: 0.4})
     host = job(1, 2, host_model, state=JobState.RUNNING, gpus=(100, 101))
     guest = job(2, 1, guest_model)
     plan = jigsaw.schedule(snap(nodes(1, 2, held={100: 1, 101: 1}), host, guest))
@@ -131,11 +133,30 @@ def test_a_waiting_job_is_packed_on_partial_workers_without_slowing_the_host() -
     assert stretched_step(shape, [1.0, factors[101]]) == shape.step_seconds
 
 
+def test_a_host_keeps_the_configuration_its_guest_was_packed_under() -> None:
+    # The round after packing: the host runs at QUARTER with the guest on its partial
+    # worker. Switched back to full backprop (its best alone) that worker would
+    # time-slice with the guest and slow the host, so nothing changes.
+    host = job(
+        1,
+        2,
+        model(2, 10_000, step=3.0, spb=profile()),
+        state=JobState.RUNNING,
+        gpus=(100, 101),
+        spb=as_json(QUARTER),
+        arrived=600,
+    )
+    guest = job(2, 1, model(1, 100_000, sizes={2: 0.4}), state=JobState.RUNNING, gpus=(101,))
+    (node,) = nodes(1, 2, held={100: 1, 101: 1})
+    shared = replace(node, gpus=(node.gpus[0], replace(node.gpus[1], holders=(1, 2))))
+    assert jigsaw.schedule(snap((shared,), host, guest)) == Plan()
+
+
 def test_packing_never_over_commits_gpu_memory() -> None:
     host = job(
         1, 2, model(2, 10_000, step=3.0, spb=profile()), state=JobState.RUNNING, gpus=(100, 101)
     )
-    guest = job(2, 1, model(1, 100_000, memory=15 * GIB))
+    guest = job(2, 1, model(1, 100_000, memory=15 * GIB, sizes={2: 0.4}))
     plan = jigsaw.schedule(snap(nodes(1, 2, held={100: 1, 101: 1}), host, guest))
     assert plan == Plan()
 
@@ -182,6 +203,22 @@ def test_the_job_that_costs_the_cluster_least_to_finish_goes_first() -> None:
     narrow = job(2, 1, model(1, 100))
     plan = jigsaw.schedule(snap(nodes(1, 8), wide, narrow))
     assert [p.job_id for p in plan.start] == [2]
+
+
+def test_a_job_that_would_set_the_makespan_starts_ahead_of_longer_queues() -> None:
+    # Two GPUs; a 4,000 s job that runs on one GPU only, and three 1,200 s jobs. The
+    # cluster needs 3,800 s at least for all of them, which the long job cannot beat:
+    # started last (least GPU-time first) it ends at 5,200 s, started now at 4,000 s.
+    long = job(1, 1, model(1, 4000))
+    shorts = [job(i, 1, model(1, 1200)) for i in (2, 3, 4)]
+    cluster = nodes(1, 2)
+    plan = jigsaw.schedule(snap(cluster, long, *shorts))
+    assert sorted(p.job_id for p in plan.start) == [1, 2]
+    plan = jigsaw.schedule(snap(cluster, long, *shorts), straggler_drain=0.0)
+    assert sorted(p.job_id for p in plan.start) == [2, 3]
+    # With more short work queued the cluster needs longer than the job: no hurry.
+    more = [*shorts, job(5, 1, model(1, 1200))]
+    assert sorted(p.job_id for p in jigsaw.schedule(snap(cluster, long, *more)).start) == [2, 3]
 
 
 def test_idle_gpus_grow_a_job_to_the_size_that_finishes_it_soonest() -> None:

@@ -12,7 +12,13 @@ over jobs divided by the GPUs. Each round:
    run); then least remaining GPU-time (remaining time at the job's base size, below,
    times that size: a narrow job a little longer goes before a wide one, which frees
    more GPUs for everyone's benefit later), running jobs' discounted by `stickiness`
-   so that a small difference never pays a restart.
+   so that a small difference never pays a restart. A job that would set the
+   makespan if started last counts its GPU-time at `straggler_discount`: one that
+   needs at least `straggler_drain` times the cluster's drain time (every known job's
+   fewest GPU-seconds over the GPUs) even at its fastest size. Least GPU-time first
+   would run it after the jobs queued beside it, then alone, with GPUs idle (a job
+   that does not scale) or spent wide at a fraction of their worth (one that does);
+   discounted, not first, it starts ahead of longer queued work, not of short jobs.
 2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
    do). A job's base size is what it asked for while all requests fit the cluster;
    else the most GPUs it uses at no less than a floor of its best progress per GPU,
@@ -43,16 +49,16 @@ over jobs divided by the GPUs. Each round:
    over-committed. A guest is placed only when the gain net of what its hosts lose is
    at least `min_gain` GPUs.
 
-Cost: sorting is O(J log J) for J jobs; sizing O(J) (per-job choices memoized on the
-model); placement O(J + G) for G GPUs; growth O(S x P) per job for S sizes and P GPUs
-per node (how a gang would spread is predicted from free counts per node), and stops
-when no GPU is free; packing O(G log G) to rank candidate GPUs once, then O(W) per
-guest of W workers over at most `max_guests` guests per round. Jobs without a speed
-model (or with one size, as on the real cluster) are never resized; without a model
-they are scheduled like SRTF by iterations left and are never packed or given SPB.
-The policy chooses the SPB configuration only of jobs whose spec says `auto`: one that
-says `off` or fixes a configuration runs as its spec says, placed, kept or packed.
-"""
+Cost: sorting is O(J log J) for J jobs (the drain time O(J)); sizing O(J) (per-job
+choices memoized on the model); placement O(J + G) for G GPUs; growth O(S x P) per job
+for S sizes and P GPUs per node (how a gang would spread is predicted from free counts
+per node), and stops when no GPU is free; packing O(G log G) to rank candidate GPUs
+once, then O(W) per guest of W workers over at most `max_guests` guests per round. Jobs
+without a speed model (or with one size, as on the real cluster) are never resized;
+without a model they are scheduled like SRTF by iterations left and are never packed or
+given SPB. The policy chooses the SPB configuration only of jobs whose spec says `auto`:
+one that says `off` or fixes a configuration runs as its spec says, placed, kept or
+packed."""
 
 from __future__ import annotations
 
@@ -82,6 +88,8 @@ LONG_JOB_FLOOR = 0.95
 MIN_GROW_SAVING = 600.0
 GROW_FLOOR = 0.7
 GROW_FLOOR_SECONDS = 4 * 3600.0
+STRAGGLER_DRAIN = 1.0
+STRAGGLER_DISCOUNT = 0.25
 CONFIGS: tuple[SPBConfig, ...] = (
     SPBConfig(full_fraction=0.5, partial_depth=0.5),
     SPBConfig(full_fraction=0.5, partial_depth=0.25),
@@ -168,6 +176,8 @@ def schedule(
     grow_floor_seconds: float = GROW_FLOOR_SECONDS,
     grow: bool = True,
     spb_enabled: bool = True,
+    straggler_drain: float = STRAGGLER_DRAIN,
+    straggler_discount: float = STRAGGLER_DISCOUNT,
 ) -> Plan:
     every = snapshot.gpus_by_id()
     usable = {
@@ -185,8 +195,20 @@ def schedule(
     per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
     floor = _shrink_floor(jobs, per_node, len(usable), efficiency_floors)
     sizing = _Sizing(per_node, floor, long_job_seconds, long_job_floor)
+    # A job that needs this long even at its fastest size would, started last, run
+    # alone at the end and set the makespan (0: never).
+    drain = _drain_seconds(jobs, per_node, len(usable)) * straggler_drain
     ordered = sorted(
-        jobs, key=lambda job: _order(job, snapshot, starvation_seconds, stickiness, sizing)
+        jobs,
+        key=lambda job: _order(
+            job,
+            snapshot,
+            starvation_seconds,
+            stickiness,
+            sizing,
+            drain,
+            straggler_discount,
+        ),
     )
     guests = _guests(snapshot)
 
@@ -261,9 +283,18 @@ def schedule(
             kept_guests.add(job.id)
 
     # 3. Each job's best configuration alone (a guest keeps its own; a job whose spec
-    # fixes its configuration, or turns SPB off, keeps what the spec says).
+    # fixes its configuration, or turns SPB off, keeps what the spec says). A host
+    # keeps the configuration its guests were packed under: switched back to full
+    # backprop, its partial workers would time-slice with the guests and slow it.
+    hosting = {
+        host
+        for guest in kept_guests
+        for gpu in layout.gpus[guest]
+        for host in layout.on_gpu[gpu]
+        if host not in kept_guests
+    }
     for job_id in list(layout.jobs):
-        if job_id not in kept_guests:
+        if job_id not in kept_guests and job_id not in hosting:
             job = layout.jobs[job_id]
             chosen = spb_enabled and _chooses_spb(job)
             layout.config[job_id] = _best_alone(job, layout) if chosen else _own_config(job)
@@ -322,6 +353,8 @@ def _order(
     starvation_seconds: float,
     stickiness: float,
     sizing: _Sizing,
+    drain: float,
+    straggler_discount: float,
 ) -> tuple[int, bool, float, float, int]:
     arrived = (snapshot.now - job.created_at).total_seconds()
     waited = arrived - job.attained_gpu_seconds / job.workers
@@ -329,9 +362,31 @@ def _order(
     # starving keeps its place until it ends instead of being preempted next round.
     starving = waited > starvation_seconds
     remaining = sizing.remaining_gpu_seconds(job)
+    if drain and job.model is not None and _least(job, sizing.per_node)[1] >= drain:
+        remaining *= straggler_discount
     if job.holding:
         remaining *= stickiness
     return (-job.priority, not starving, remaining, -arrived, job.id)
+
+
+def _least(job: JobView, per_node: int) -> tuple[float, float]:
+    """The fewest GPU-seconds and the fewest seconds the job needs to finish, over its
+    sizes on the fewest nodes, full backprop."""
+    assert job.model is not None
+    key = ("least", per_node)
+    if key not in job.model.memo:
+        steps = {w: job.model.step_at(w, -(-w // per_node))[0] for w in job.model.sizes}
+        job.model.memo[key] = (min(w * t for w, t in steps.items()), min(steps.values()))
+    cost, time = job.model.memo[key]  # type: ignore[misc]
+    left = max(job.model.iterations_total - job.iterations_done, 0)
+    return left * cost, left * time
+
+
+def _drain_seconds(jobs: list[JobView], per_node: int, gpus: int) -> float:
+    """How long the cluster needs at least to finish the jobs it knows of, each at its
+    cheapest size (jobs without a speed model not counted)."""
+    total = sum(_least(job, per_node)[0] for job in jobs if job.model is not None)
+    return total / max(gpus, 1)
 
 
 @dataclass(frozen=True)
