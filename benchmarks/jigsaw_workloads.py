@@ -4,7 +4,8 @@ For every workload: average JCT with the trace's arrivals, and cluster efficienc
 the whole workload submitted at time 0 (the issue's definition), for Tiresias, JigSaw,
 and JigSaw without one of its levers (shrinking crowded jobs, growing jobs into idle
 GPUs, holding long jobs to widths they use well while others grow, starting jobs that
-would set the makespan ahead of longer queued work, SPB and packing),
+would set the makespan ahead of longer queued work, growing the jobs that will run until
+the cluster drains longest first, SPB and packing),
 all in the same run. `ideal_efficiency_change` is what the
 least makespan any schedule could reach (`scheduler.sim.bound`, a relaxation that knows
 every job's length and resizes for free) would gain over Tiresias: the headroom.
@@ -41,6 +42,7 @@ VARIANTS: dict[str, Policy] = {
     "jigsaw, no growing": partial(jigsaw.schedule, grow=False),
     "jigsaw, long jobs grow freely": partial(jigsaw.schedule, grow_floor=0.0),
     "jigsaw, makespan setters not ahead": partial(jigsaw.schedule, straggler_drain=0.0),
+    "jigsaw, tail jobs grow in order": partial(jigsaw.schedule, tail_share=0.0),
     "jigsaw, no SPB/packing": partial(jigsaw.schedule, max_guests=0, spb_enabled=False),
 }
 

@@ -245,6 +245,20 @@ def test_a_long_job_grows_only_as_far_as_it_uses_gpus_well_before_others_grow() 
     assert [len(p.gpu_ids) for p in plan.start] == [8]
 
 
+def test_jobs_that_will_run_until_the_cluster_drains_grow_longest_first() -> None:
+    # Six GPUs, two jobs on 2 each that run twice as fast on 4 (20,000 and 30,000 s to
+    # go on 2), room for one to grow. Both need a large share of the 16,700 s the
+    # cluster needs for all its work, so they run to the end: the longer grows and
+    # they end at 15,000 and 17,500 s. Least GPU-time first would grow the shorter
+    # and leave the longer alone at the end (10,000 and 20,000 s).
+    shorter = job(1, 2, model(2, 20_000, sizes={4: 0.5}))
+    longer = job(2, 2, model(2, 30_000, sizes={4: 0.5}))
+    plan = jigsaw.schedule(snap(nodes(1, 6), shorter, longer))
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2, 2: 4}
+    plan = jigsaw.schedule(snap(nodes(1, 6), shorter, longer), tail_share=0.0)
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 2}
+
+
 def test_a_job_does_not_grow_onto_gpus_spread_over_nodes_that_slow_it() -> None:
     # One GPU free on each of two nodes: 2 GPUs on one node would be faster than 1,
     # across the two nodes slower, so the job stays on one.

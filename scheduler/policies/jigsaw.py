@@ -35,8 +35,11 @@ over jobs divided by the GPUs. Each round:
    restart included. In a first pass a job with more than `grow_floor_seconds` to go
    grows only to sizes at `grow_floor` of its best progress per GPU (it would hold
    the GPUs for hours), so the jobs behind it grow too; GPUs still idle after that go
-   as fast as they speed jobs up. Idle GPUs add nothing, so growth costs nothing until
-   a job ahead needs them back.
+   as fast as they speed jobs up. In the first pass the jobs that need at least
+   `tail_share` of the drain time even at their fastest size (they will still run
+   when the cluster drains) take their turns longest first, so that they finish
+   together instead of the last alone on a cluster it cannot fill. Idle GPUs add
+   nothing, so growth costs nothing until a job ahead needs them back.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
@@ -90,6 +93,7 @@ GROW_FLOOR = 0.7
 GROW_FLOOR_SECONDS = 4 * 3600.0
 STRAGGLER_DRAIN = 1.0
 STRAGGLER_DISCOUNT = 0.25
+TAIL_SHARE = 0.45
 CONFIGS: tuple[SPBConfig, ...] = (
     SPBConfig(full_fraction=0.5, partial_depth=0.5),
     SPBConfig(full_fraction=0.5, partial_depth=0.25),
@@ -178,6 +182,7 @@ def schedule(
     spb_enabled: bool = True,
     straggler_drain: float = STRAGGLER_DRAIN,
     straggler_discount: float = STRAGGLER_DISCOUNT,
+    tail_share: float = TAIL_SHARE,
 ) -> Plan:
     every = snapshot.gpus_by_id()
     usable = {
@@ -195,9 +200,10 @@ def schedule(
     per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
     floor = _shrink_floor(jobs, per_node, len(usable), efficiency_floors)
     sizing = _Sizing(per_node, floor, long_job_seconds, long_job_floor)
-    # A job that needs this long even at its fastest size would, started last, run
-    # alone at the end and set the makespan (0: never).
-    drain = _drain_seconds(jobs, per_node, len(usable)) * straggler_drain
+    # A job that needs `straggler_drain` of the drain time even at its fastest size
+    # would, started last, run alone at the end and set the makespan (0: never).
+    drain_seconds = _drain_seconds(jobs, per_node, len(usable))
+    drain = drain_seconds * straggler_drain
     ordered = sorted(
         jobs,
         key=lambda job: _order(
@@ -260,9 +266,12 @@ def schedule(
     if grow:
         # Long jobs first grow only as far as they use GPUs well, so the jobs behind
         # them grow too; then what is still idle goes as fast as it speeds jobs up.
-        for floor_now in (grow_floor, 0.0):
+        # In the first pass the jobs that will still run when the cluster drains grow
+        # longest first, so that they finish together rather than one alone.
+        tail_first = _tail_first(admitted, layout, per_node, drain_seconds * tail_share)
+        for order, floor_now in ((tail_first, grow_floor), (admitted, 0.0)):
             _grow(
-                admitted,
+                order,
                 guests,
                 layout,
                 pool,
@@ -377,7 +386,8 @@ def _least(job: JobView, per_node: int) -> tuple[float, float]:
     if key not in job.model.memo:
         steps = {w: job.model.step_at(w, -(-w // per_node))[0] for w in job.model.sizes}
         job.model.memo[key] = (min(w * t for w, t in steps.items()), min(steps.values()))
-    cost, time = job.model.memo[key]  # type: ignore[misc]
+    per_iteration: tuple[float, float] = job.model.memo[key]  # type: ignore[assignment]
+    cost, time = per_iteration
     left = max(job.model.iterations_total - job.iterations_done, 0)
     return left * cost, left * time
 
@@ -513,6 +523,25 @@ def _grow(
             if not fresh:
                 started.append(job.id)
                 moved.append(job.id)
+
+
+def _tail_first(
+    admitted: list[JobView], layout: _Layout, per_node: int, threshold: float
+) -> list[JobView]:
+    """`admitted`, with the jobs that need at least `threshold` seconds even at their
+    fastest size (0: none) reordered among their own places, most time to go where
+    they are first."""
+
+    def tail(job: JobView) -> bool:
+        return bool(threshold) and job.model is not None and (_least(job, per_node)[1] >= threshold)
+
+    def left(job: JobView) -> float:
+        if job.id not in layout.gpus:
+            return 0.0
+        return _remaining_on(job, len(layout.gpus[job.id]), layout.nodes[job.id])
+
+    longest = iter(sorted((job for job in admitted if tail(job)), key=left, reverse=True))
+    return [next(longest) if tail(job) else job for job in admitted]
 
 
 @dataclass(frozen=True)
