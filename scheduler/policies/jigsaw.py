@@ -384,7 +384,7 @@ def _least(job: JobView, per_node: int) -> tuple[float, float]:
     assert job.model is not None
     key = ("least", per_node)
     if key not in job.model.memo:
-        steps = {w: job.model.step_at(w, -(-w // per_node))[0] for w in job.model.sizes}
+        steps = _steps(job, per_node)
         job.model.memo[key] = (min(w * t for w, t in steps.items()), min(steps.values()))
     per_iteration: tuple[float, float] = job.model.memo[key]  # type: ignore[assignment]
     cost, time = per_iteration
@@ -579,16 +579,25 @@ def _remaining_on(job: JobView, workers: int, nodes: int) -> float:
     return left * job.model.step_at(workers, nodes)[0]
 
 
+def _steps(job: JobView, per_node: int) -> dict[int, float]:
+    """Seconds per iteration by size, on the fewest nodes, full backprop."""
+    assert job.model is not None
+    key = ("steps", per_node)
+    if key not in job.model.memo:
+        job.model.memo[key] = {
+            workers: job.model.step_at(workers, -(-workers // per_node))[0]
+            for workers in job.model.sizes
+        }
+    return job.model.memo[key]  # type: ignore[return-value]
+
+
 def _per_gpu_values(job: JobView, per_node: int) -> dict[int, float]:
     """Progress per GPU by size, on the fewest nodes (relative units)."""
     assert job.model is not None
     key = ("per_gpu", per_node)
     if key not in job.model.memo:
-        values = {}
-        for workers in job.model.sizes:
-            step, _ = job.model.step_at(workers, -(-workers // per_node))
-            values[workers] = 1.0 / (step * workers)
-        job.model.memo[key] = values
+        steps = _steps(job, per_node)
+        job.model.memo[key] = {workers: 1.0 / (step * workers) for workers, step in steps.items()}
     return job.model.memo[key]  # type: ignore[return-value]
 
 
