@@ -371,7 +371,7 @@ def _order(
     # starving keeps its place until it ends instead of being preempted next round.
     starving = waited > starvation_seconds
     remaining = sizing.remaining_gpu_seconds(job)
-    if drain and job.model is not None and _least(job, sizing.per_node)[1] >= drain:
+    if _outlasts(job, sizing.per_node, drain):
         remaining *= straggler_discount
     if job.holding:
         remaining *= stickiness
@@ -390,6 +390,11 @@ def _least(job: JobView, per_node: int) -> tuple[float, float]:
     cost, time = per_iteration
     left = max(job.model.iterations_total - job.iterations_done, 0)
     return left * cost, left * time
+
+
+def _outlasts(job: JobView, per_node: int, seconds: float) -> bool:
+    """Whether the job needs at least `seconds` even at its fastest size (0: never)."""
+    return bool(seconds) and job.model is not None and _least(job, per_node)[1] >= seconds
 
 
 def _drain_seconds(jobs: list[JobView], per_node: int, gpus: int) -> float:
@@ -532,16 +537,14 @@ def _tail_first(
     fastest size (0: none) reordered among their own places, most time to go where
     they are first."""
 
-    def tail(job: JobView) -> bool:
-        return bool(threshold) and job.model is not None and (_least(job, per_node)[1] >= threshold)
-
     def left(job: JobView) -> float:
         if job.id not in layout.gpus:
             return 0.0
         return _remaining_on(job, len(layout.gpus[job.id]), layout.nodes[job.id])
 
-    longest = iter(sorted((job for job in admitted if tail(job)), key=left, reverse=True))
-    return [next(longest) if tail(job) else job for job in admitted]
+    tail = {job.id for job in admitted if _outlasts(job, per_node, threshold)}
+    longest = iter(sorted((job for job in admitted if job.id in tail), key=left, reverse=True))
+    return [next(longest) if job.id in tail else job for job in admitted]
 
 
 @dataclass(frozen=True)
