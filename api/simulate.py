@@ -22,8 +22,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from scheduler.makespan import makespan_lower_bound
 from scheduler.policies import POLICIES, Policy, get_policy, jigsaw
-from scheduler.sim.bound import makespan_lower_bound
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles

@@ -7,7 +7,7 @@ GPUs, holding long jobs to widths they use well while others grow, starting jobs
 would set the makespan ahead of longer queued work, growing the jobs that will run until
 the cluster drains longest first, SPB and packing),
 all in the same run. `ideal_efficiency_change` is what the
-least makespan any schedule could reach (`scheduler.sim.bound`, a relaxation that knows
+least makespan any schedule could reach (`scheduler.makespan`, a relaxation that knows
 every job's length and resizes for free) would gain over Tiresias: the headroom.
 Targets (median over workloads): average JCT -25% or better, efficiency +28% or better.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import emit
+from scheduler.makespan import makespan_lower_bound
 from scheduler.policies import Policy, jigsaw, tiresias
-from scheduler.sim.bound import makespan_lower_bound
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles

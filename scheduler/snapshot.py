@@ -97,6 +97,10 @@ class ClusterSnapshot:
     nodes: tuple[NodeView, ...]
     jobs: tuple[JobView, ...]
     now: datetime
+    # When the newest job of all (finished ones included) was submitted (None: unknown).
+    # How long the queue has gone without new work tells a policy whether the backlog
+    # is all there is to finish (JigSaw paces its longest jobs then).
+    last_submitted_at: datetime | None = None
 
     def alive_nodes(self) -> tuple[NodeView, ...]:
         return tuple(node for node in self.nodes if node.alive)
@@ -123,8 +127,9 @@ class ClusterSnapshot:
 
 
 def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
-    """Read the cluster in seven queries, whatever its size (nodes, GPUs, holds, service,
-    jobs, and the jobs' recent iterations and SPB profiles for their models)."""
+    """Read the cluster in eight queries, whatever its size (nodes, GPUs, holds, service,
+    jobs, the newest submission, and the jobs' recent iterations and SPB profiles for
+    their models)."""
     # A node without an agent, or whose agent timed out, offers no capacity.
     node_rows = session.execute(
         select(Node.id, Node.name, Agent.alive, Node.schedulable)
@@ -208,4 +213,6 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
         )
         for job in rows
     )
-    return ClusterSnapshot(nodes=nodes, jobs=jobs, now=now)
+    # Ids grow with submission: the newest job is the highest id (its primary key).
+    newest = session.scalar(select(Job.created_at).order_by(Job.id.desc()).limit(1))
+    return ClusterSnapshot(nodes=nodes, jobs=jobs, now=now, last_submitted_at=newest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -196,6 +197,26 @@ def test_the_snapshot_reads_the_same_number_of_queries_for_more_jobs(
         job_id = add_job(factory, spb="auto")
         report(factory, job_id, range(0, 5), step=1.0, comm=0.5)
     assert queries() == few
+
+
+def test_the_snapshot_says_when_the_newest_job_was_submitted_though_it_ended(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 2})
+    assert snapshot(factory).last_submitted_at is None  # nothing submitted yet
+    older, newest = add_job(factory), add_job(factory)
+    with transaction(factory) as session:
+        for job_id, minutes in ((older, 90), (newest, 30)):
+            job = session.get(Job, job_id)
+            assert job is not None
+            job.created_at = T0 - timedelta(minutes=minutes)
+        ended = session.get(Job, newest)
+        assert ended is not None
+        ended.state = JobState.SUCCEEDED.value
+    seen = snapshot(factory)
+    # Only the older job is still active; the newest submission is the one that ended.
+    assert [job.id for job in seen.jobs] == [older]
+    assert seen.last_submitted_at == T0 - timedelta(minutes=30)
 
 
 def test_jigsaw_on_the_cluster_gives_spb_only_to_auto_jobs(factory: sessionmaker[Session]) -> None:

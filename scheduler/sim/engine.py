@@ -323,10 +323,12 @@ class Simulator:
             for node in self._dirty_nodes:
                 self._node_views[node] = self._node_view(node)
             self._dirty_nodes.clear()
+            newest = self._records[arrivals - 1].submit if arrivals else None
             snapshot = ClusterSnapshot(
                 nodes=tuple(self._node_views),
                 jobs=tuple(self._job_view(r) for r in active.values()),
                 now=EPOCH + timedelta(seconds=now),
+                last_submitted_at=None if newest is None else EPOCH + timedelta(seconds=newest),
             )
             plan = self.policy(snapshot)
             self._apply(plan, now, running)
