@@ -5,8 +5,10 @@ to the wanted count) are all submitted at time 0 on the wanted cluster, and the
 snapshot of the second round is kept (jobs running, SPB configured, guests packed,
 the rest waiting). Each policy then plans that same snapshot `--repeat` times: the
 first call is cold (nothing derived yet), the rest warm (what a policy memoizes per
-job, as it does round after round). Targets: JigSaw <= 20 ms at 64 GPUs and 160 jobs,
-<= 1 s at 8,192 GPUs and 10,000 jobs.
+job, as it does round after round). JigSaw is timed twice: as the snapshot is, and
+told that the last job was submitted two hours ago, when it also computes the
+backlog's least makespan and paces the jobs that would set it (its costliest round).
+Targets: JigSaw <= 20 ms at 64 GPUs and 160 jobs, <= 1 s at 8,192 GPUs and 10,000 jobs.
 
     python -m benchmarks.policy_round [--repeat 5] [--json]
 """
@@ -17,6 +19,8 @@ import argparse
 import random
 import statistics
 import time
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +87,12 @@ def main() -> None:
         snapshot = snapshot_at_round(jobs, cluster, rounds=2)
         running = sum(1 for job in snapshot.jobs if job.holding)
         measured = {}
-        for name in ("tiresias", "jigsaw"):
+        for name in ("tiresias", "jigsaw", "jigsaw paced"):
             # A fresh snapshot's models have nothing memoized: each policy starts cold.
             fresh = snapshot_at_round(jobs, cluster, rounds=2)
-            measured[name] = time_policy(get_policy(name), fresh, args.repeat)
+            if name == "jigsaw paced":
+                fresh = replace(fresh, last_submitted_at=fresh.now - timedelta(hours=2))
+            measured[name] = time_policy(get_policy(name.split()[0]), fresh, args.repeat)
         gpus = ClusterShape.parse(cluster).gpus
         rows.append(
             {
@@ -95,9 +101,11 @@ def main() -> None:
                 "jigsaw_cold_ms": measured["jigsaw"][0],
                 "jigsaw_ms": measured["jigsaw"][1],
                 "jigsaw_over_tiresias": measured["jigsaw"][1] / measured["tiresias"][1],
+                "jigsaw_paced_cold_ms": measured["jigsaw paced"][0],
+                "jigsaw_paced_ms": measured["jigsaw paced"][1],
                 "target_ms": target_ms,
-                "met_warm": measured["jigsaw"][1] <= target_ms,
-                "met_cold": measured["jigsaw"][0] <= target_ms,
+                "met_warm": max(measured["jigsaw"][1], measured["jigsaw paced"][1]) <= target_ms,
+                "met_cold": max(measured["jigsaw"][0], measured["jigsaw paced"][0]) <= target_ms,
             }
         )
     emit(rows, "One scheduling round (ms; jigsaw_ms and tiresias_ms warm medians)", args.json)

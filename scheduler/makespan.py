@@ -1,6 +1,6 @@
 """How short a makespan any schedule could reach: a lower bound on finishing a set of
-jobs, partly done or not, used by the simulator to say how much of the possible gain in
-cluster efficiency a policy attains.
+jobs, used by JigSaw to pace the jobs that would otherwise set the makespan, and by the
+simulator to say how much of the possible gain in cluster efficiency a policy attains.
 
 Every job must finish by the makespan T, and the cluster can spend at most GPUs x T
 GPU-seconds. A job finishing within T costs at least the least GPU-seconds of any way

@@ -221,6 +221,65 @@ def test_a_job_that_would_set_the_makespan_starts_ahead_of_longer_queues() -> No
     assert sorted(p.job_id for p in jigsaw.schedule(snap(cluster, long, *more)).start) == [2, 3]
 
 
+def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() -> None:
+    # Eight GPUs; eight 3,000 s one-GPU jobs and a 20,000-iteration job that scales
+    # badly (9,000 s on 8 GPUs, 12,000 s on 4, 20,000 s on 2). Short jobs first ends
+    # at 12,000 s: the long job starts when they are done. No schedule ends before
+    # 10,500 s (`scheduler.makespan`), which the long job meets only if it starts now,
+    # on 5.7 GPUs on average: it is paced on 4 (its largest size below that), the short
+    # jobs share the rest, and it grows to 8 once they are done (10,500 s).
+    shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]
+    batch = snap(nodes(1, 8), _long(1, 20_000), *shorts)
+    quiet = replace(batch, last_submitted_at=NOW - timedelta(minutes=61))
+    plan = jigsaw.schedule(quiet)
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 1, 3: 1, 4: 1, 5: 1}
+    # While jobs are still being submitted, or when the snapshot does not say, shorter
+    # jobs first: a stream of them would otherwise wait behind every long job.
+    shortest_first = {i: 1 for i in range(2, 10)}
+    for unknown_or_recent in (batch, replace(quiet, last_submitted_at=NOW - timedelta(minutes=59))):
+        plan = jigsaw.schedule(unknown_or_recent)
+        assert {p.job_id: len(p.gpu_ids) for p in plan.start} == shortest_first
+    plan = jigsaw.schedule(quiet, pace_after_seconds=float("inf"))
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == shortest_first
+
+
+def _long(job_id: int, iterations: int, gpus: tuple[int, ...] = ()) -> JobView:
+    """The paced test's long job: 0.45 s an iteration on 8 GPUs, 0.6 on 4, 1.0 on 2."""
+    state = JobState.RUNNING if gpus else JobState.QUEUED
+    return job(
+        job_id, 8, model(8, iterations, step=0.45, sizes={2: 1.0, 4: 0.6}), state=state, gpus=gpus
+    )
+
+
+def test_a_paced_job_keeps_a_size_between_the_sizes_around_its_width() -> None:
+    # The paced test's batch with the long job already running on all 8 GPUs: it needs
+    # 5.7 on average, between its sizes 4 and 8, so it stays (moved down to 4 it would
+    # be moved up again as soon as it fell behind: a restart every few leases).
+    busy = nodes(1, 8, held={100 + g: 1 for g in range(8)})
+    running = _long(1, 20_000, gpus=tuple(range(100, 108)))
+    shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]
+    quiet = replace(snap(busy, running, *shorts), last_submitted_at=NOW - timedelta(hours=2))
+    plan = jigsaw.schedule(quiet)
+    assert (plan.start, plan.suspend) == ((), ())
+
+
+def test_paced_jobs_keep_their_sizes_only_as_far_as_the_gpus_go() -> None:
+    # Twelve GPUs; three long jobs run on 4 each, a fourth waits, and four short ones.
+    # Finishing everything takes 16,875 s at least, by which each long job needs 2.6 to
+    # 3.1 GPUs on average: each is paced on 2 and may keep 4. Their 2 each leave 4
+    # GPUs, for the two with the most to go to keep 4; the third moves to 2, and the
+    # fourth starts on 2, rather than the three keeping 12 and the fourth waiting.
+    busy = nodes(1, 12, held={100 + g: 1 for g in range(12)})
+    held = [tuple(range(100 + 4 * k, 104 + 4 * k)) for k in range(3)]
+    longs = [_long(k + 1, 20_000 + 1000 * k, gpus=held[k]) for k in range(3)]
+    waiting = _long(4, 23_000)
+    shorts = [job(i, 1, model(1, 3000)) for i in range(5, 9)]
+    batch = snap(busy, *longs, waiting, *shorts)
+    plan = jigsaw.schedule(replace(batch, last_submitted_at=NOW - timedelta(hours=2)))
+    assert plan.suspend == (1,)
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2, 4: 2}
+
+
 def test_idle_gpus_grow_a_job_to_the_size_that_finishes_it_soonest() -> None:
     # Asked for 2 GPUs; on 4 it is faster, on 8 slower again (synchronisation-bound):
     # alone on a node of 8 it starts on 4.
