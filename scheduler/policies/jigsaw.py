@@ -393,16 +393,10 @@ def _order(
 
 def _least(job: JobView, per_node: int) -> tuple[float, float]:
     """The fewest GPU-seconds and the fewest seconds the job needs to finish, over its
-    sizes on the fewest nodes, full backprop."""
-    assert job.model is not None
-    key = ("least", per_node)
-    if key not in job.model.memo:
-        steps = _steps(job, per_node)
-        job.model.memo[key] = (min(w * t for w, t in steps.items()), min(steps.values()))
-    per_iteration: tuple[float, float] = job.model.memo[key]  # type: ignore[assignment]
-    cost, time = per_iteration
-    left = max(job.model.iterations_total - job.iterations_done, 0)
-    return left * cost, left * time
+    sizes on the fewest nodes, full backprop: its cost curve's cheapest and fastest
+    ends."""
+    curve, left = _curve(job, per_node), _left(job)
+    return left * curve[-1][1], left * curve[0][0]
 
 
 def _outlasts(job: JobView, per_node: int, seconds: float) -> bool:
@@ -487,6 +481,7 @@ def _curve(job: JobView, per_node: int) -> Curve:
 
 
 def _left(job: JobView) -> int:
+    """Iterations the job has still to run."""
     assert job.model is not None
     return max(job.model.iterations_total - job.iterations_done, 0)
 
@@ -668,8 +663,7 @@ def remaining_seconds_at(job: JobView, workers: int, per_node: int) -> float:
 def _remaining_on(job: JobView, workers: int, nodes: int) -> float:
     """Seconds to finish on `workers` GPUs spanning `nodes` nodes, full backprop."""
     assert job.model is not None
-    left = max(job.model.iterations_total - job.iterations_done, 0)
-    return left * job.model.step_at(workers, nodes)[0]
+    return _left(job) * job.model.step_at(workers, nodes)[0]
 
 
 def _steps(job: JobView, per_node: int) -> dict[int, float]:
