@@ -221,6 +221,14 @@ def test_a_job_that_would_set_the_makespan_starts_ahead_of_longer_queues() -> No
     assert sorted(p.job_id for p in jigsaw.schedule(snap(cluster, long, *more)).start) == [2, 3]
 
 
+def _long(job_id: int, iterations: int, gpus: tuple[int, ...] = ()) -> JobView:
+    """The pacing tests' long job: 0.45 s an iteration on 8 GPUs, 0.6 on 4, 1.0 on 2."""
+    state = JobState.RUNNING if gpus else JobState.QUEUED
+    return job(
+        job_id, 8, model(8, iterations, step=0.45, sizes={2: 1.0, 4: 0.6}), state=state, gpus=gpus
+    )
+
+
 def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() -> None:
     # Eight GPUs; eight 3,000 s one-GPU jobs and a 20,000-iteration job that scales
     # badly (9,000 s on 8 GPUs, 12,000 s on 4, 20,000 s on 2). Short jobs first ends
@@ -241,14 +249,6 @@ def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() ->
         assert {p.job_id: len(p.gpu_ids) for p in plan.start} == shortest_first
     plan = jigsaw.schedule(quiet, pace_after_seconds=float("inf"))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == shortest_first
-
-
-def _long(job_id: int, iterations: int, gpus: tuple[int, ...] = ()) -> JobView:
-    """The paced test's long job: 0.45 s an iteration on 8 GPUs, 0.6 on 4, 1.0 on 2."""
-    state = JobState.RUNNING if gpus else JobState.QUEUED
-    return job(
-        job_id, 8, model(8, iterations, step=0.45, sizes={2: 1.0, 4: 0.6}), state=state, gpus=gpus
-    )
 
 
 def test_a_paced_job_keeps_a_size_between_the_sizes_around_its_width() -> None:
