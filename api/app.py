@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from api import dashboard, errors, observability
-from api.routes import cluster, health, jobs, profiles, scheduler, tokens
+from api.routes import cluster, health, jobs, nodes, profiles, scheduler, tokens
 from scheduler.db import engine_from_settings, session_factory
 from scheduler.models.users import TokenVerifier
 from scheduler.settings import Settings, get_settings
@@ -33,6 +33,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         scheduler.router,
         profiles.router,
         tokens.router,
+        nodes.router,
     ):
         app.include_router(router)
     dashboard.install(app)

@@ -49,8 +49,12 @@ token_app = typer.Typer(
     "go through the API (admins: every token; users: their own).",
     no_args_is_help=True,
 )
+node_app = typer.Typer(
+    help="Drain, undrain and remove nodes through the API (admins).", no_args_is_help=True
+)
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+app.add_typer(node_app, name="node")
 app.command()(simulate)
 
 out = Console(highlight=False)
@@ -598,6 +602,11 @@ def cluster(
             f"[bold]{escape(str(node.get('name')))}[/bold]  {alive}  agent {escape(version)}  "
             f"heartbeat {_ago(node.get('last_heartbeat_at'))}"
         )
+        if node.get("drained_at"):
+            title += f"  [yellow]drained[/yellow] {_ago(node.get('drained_at'))}"
+        if node.get("schedulable") is False:
+            reason = node.get("unschedulable_reason") or "unschedulable"
+            title += f"  [yellow]{escape(str(reason))}[/yellow]"
         out.print(title, soft_wrap=True)
         table = Table(header_style="bold")
         for column in ("GPU", "KIND", "MEMORY", "HOLDERS"):
@@ -857,6 +866,59 @@ def token_revoke(
         token = client.revoke_token(key)
     owner = token.get("user") or "the agents"
     out.print(f"revoked token {escape(str(token.get('prefix')))} of {escape(str(owner))}")
+
+
+# -- nodes ----------------------------------------------------------------------------
+
+
+def _node_jobs(change: dict[str, Any]) -> str:
+    moved = [
+        f"{len(change.get(key) or [])} {word} ({', '.join(map(str, change.get(key) or []))})"
+        for key, word in (("jobs_suspended", "suspended"), ("jobs_requeued", "requeued"))
+        if change.get(key)
+    ]
+    return f"; jobs {', '.join(moved)}" if moved else ""
+
+
+@node_app.command("drain")
+def node_drain(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Node name.", show_default=False)],
+    now: Annotated[
+        bool,
+        typer.Option(
+            "--now",
+            help="Also move its jobs: running ones checkpoint at their next iteration "
+            "boundary and are placed on other nodes.",
+        ),
+    ] = False,
+) -> None:
+    """Place no new jobs on a node; its jobs finish there unless --now."""
+    with _api(ctx) as client:
+        change = client.drain_node(name, now=now)
+    out.print(f"node {escape(name)}: drained{escape(_node_jobs(change))}")
+
+
+@node_app.command("undrain")
+def node_undrain(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Node name.", show_default=False)],
+) -> None:
+    """Place jobs on a drained node again."""
+    with _api(ctx) as client:
+        client.undrain_node(name)
+    out.print(f"node {escape(name)}: undrained")
+
+
+@node_app.command("remove")
+def node_remove(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Node name.", show_default=False)],
+) -> None:
+    """Forget a drained node that no job holds and no live agent serves."""
+    with _api(ctx) as client:
+        client.remove_node(name)
+    out.print(f"node {escape(name)}: removed")
 
 
 # -- profile --------------------------------------------------------------------------

@@ -184,6 +184,15 @@ class JigsawClient:
     def revoke_token(self, key: str) -> dict[str, Any]:
         return self._request("DELETE", f"/v1/tokens/{quote(key, safe='')}")
 
+    def drain_node(self, name: str, *, now: bool = False) -> dict[str, Any]:
+        return self._request("POST", f"/v1/nodes/{quote(name, safe='')}/drain", params={"now": now})
+
+    def undrain_node(self, name: str) -> dict[str, Any]:
+        return self._request("POST", f"/v1/nodes/{quote(name, safe='')}/undrain")
+
+    def remove_node(self, name: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/nodes/{quote(name, safe='')}")
+
     # -- plumbing -------------------------------------------------------------------
 
     def _get(self, path: str, *, params: Any = None) -> dict[str, Any]:

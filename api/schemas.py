@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scheduler.models.nodes import NodeChange
 from scheduler.models.users import USER_NAME_PATTERN, TokenInfo
 from scheduler.orm import Allocation, Event, Job, JobLog, ModelProfile, SchedulerRound
 
@@ -154,8 +155,14 @@ class NodeOut(BaseModel):
     id: int
     name: str
     alive: bool
-    schedulable: bool = Field(description="False while operators keep new jobs off it.")
+    schedulable: bool = Field(
+        description="False while Kubernetes keeps new jobs off it (cordoned, tainted, not "
+        "Ready); an admin's drain is `drained_at`, apart."
+    )
     unschedulable_reason: str
+    drained_at: datetime | None = Field(
+        description="Set while an admin drains it (`jigsaw node drain`): no new jobs."
+    )
     last_heartbeat_at: datetime | None
     agent_version: str
     gpus: list[GPUOut]
@@ -164,8 +171,8 @@ class NodeOut(BaseModel):
 class ClusterTotals(BaseModel):
     gpus: int
     gpus_busy: int = Field(description="Held by a job.")
-    gpus_free: int = Field(description="Not held, on an alive and schedulable node.")
-    gpus_unavailable: int = Field(description="Not held, on a dead or unschedulable node.")
+    gpus_free: int = Field(description="Not held, on an alive, schedulable, undrained node.")
+    gpus_unavailable: int = Field(description="Not held, on a dead, unschedulable or drained node.")
     jobs_queued: int
     jobs_running: int
     jobs_by_state: dict[str, int]
@@ -371,3 +378,27 @@ class TokenIn(BaseModel):
 
 class TokenCreated(TokenOut):
     token: str = Field(description="The token itself: shown this once, stored only hashed.")
+
+
+# -- nodes ----------------------------------------------------------------------------
+
+
+class NodeChangeOut(BaseModel):
+    name: str
+    drained_at: datetime | None
+    removed_at: datetime | None
+    jobs_suspended: list[int] = Field(
+        description="RUNNING jobs `now` suspended: they checkpoint at their next iteration "
+        "boundary and wait to be placed on other nodes."
+    )
+    jobs_requeued: list[int] = Field(description="Jobs being launched there, queued again.")
+
+    @classmethod
+    def of(cls, change: NodeChange) -> NodeChangeOut:
+        return cls(
+            name=change.name,
+            drained_at=change.drained_at,
+            removed_at=change.removed_at,
+            jobs_suspended=change.suspended,
+            jobs_requeued=change.requeued,
+        )
