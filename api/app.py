@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from api import dashboard, errors, observability
-from api.routes import cluster, health, jobs, profiles, scheduler
+from api.routes import cluster, health, jobs, nodes, profiles, scheduler, tokens
 from scheduler.db import engine_from_settings, session_factory
 from scheduler.models.users import TokenVerifier
 from scheduler.settings import Settings, get_settings
@@ -26,7 +26,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = observability.install(app)
     # The scheduler leader in this process (api/server.py) reports through it.
     app.state.telemetry = app.state.metrics.scheduler
-    for router in (health.router, jobs.router, cluster.router, scheduler.router, profiles.router):
+    for router in (
+        health.router,
+        jobs.router,
+        cluster.router,
+        scheduler.router,
+        profiles.router,
+        tokens.router,
+        nodes.router,
+    ):
         app.include_router(router)
     dashboard.install(app)
     return app

@@ -45,10 +45,16 @@ db_app = typer.Typer(
     no_args_is_help=True,
 )
 token_app = typer.Typer(
-    help="Bearer tokens, created directly in the database.", no_args_is_help=True
+    help="Bearer tokens: `create` writes directly in the database; `list` and `revoke` "
+    "go through the API (admins: every token; users: their own).",
+    no_args_is_help=True,
+)
+node_app = typer.Typer(
+    help="Drain, undrain and remove nodes through the API (admins).", no_args_is_help=True
 )
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+app.add_typer(node_app, name="node")
 app.command()(simulate)
 
 out = Console(highlight=False)
@@ -67,7 +73,8 @@ STATE_STYLE = {
     "CANCELLED": "dim",
 }
 TERMINAL_STATES = {state.value for state in JobState if state.terminal}
-_USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_DURATION = re.compile(r"([0-9]{1,9})([smhdw])")
+_DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 @dataclass
@@ -595,6 +602,11 @@ def cluster(
             f"[bold]{escape(str(node.get('name')))}[/bold]  {alive}  agent {escape(version)}  "
             f"heartbeat {_ago(node.get('last_heartbeat_at'))}"
         )
+        if node.get("drained_at"):
+            title += f"  [yellow]drained[/yellow] {_ago(node.get('drained_at'))}"
+        if node.get("schedulable") is False:
+            reason = node.get("unschedulable_reason") or "unschedulable"
+            title += f"  [yellow]{escape(str(reason))}[/yellow]"
         out.print(title, soft_wrap=True)
         table = Table(header_style="bold")
         for column in ("GPU", "KIND", "MEMORY", "HOLDERS"):
@@ -724,6 +736,14 @@ def db_current() -> None:
     out.print(f"current {current or 'base (empty)'}, head {head} ({status})")
 
 
+def _duration_seconds(text: str) -> int:
+    """`30d`, `12h`, `90m`, `45s` or `2w` in seconds; exit 2 otherwise."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        _fail(f"--expires-in {text!r}: write a number and a unit (s, m, h, d, w), e.g. 30d", 2)
+    return int(match.group(1)) * _DURATION_SECONDS[match.group(2)]
+
+
 @token_app.command("create")
 def token_create(
     user: Annotated[
@@ -734,40 +754,171 @@ def token_create(
         bool, typer.Option(help="Create the cluster token worker agents use.")
     ] = False,
     description: Annotated[str, typer.Option(help="Free text stored with the token.")] = "",
+    expires_in: Annotated[
+        str | None,
+        typer.Option(help="Refuse the token after this long, e.g. 30d, 12h (default: never)."),
+    ] = None,
 ) -> None:
     """Issue a token and print only the token on stdout (it is stored hashed)."""
+    from datetime import timedelta
+
     from scheduler.db import session_factory, transaction
     from scheduler.migrate import is_up_to_date
     from scheduler.models.users import (
         AGENT_SCOPE,
+        USER_NAME_PATTERN,
         USER_SCOPE,
         get_or_create_user,
         issue_token,
     )
+    from scheduler.orm import utcnow
 
     if (user is None) == (not agent):
         _fail("give exactly one of --user NAME or --agent", EXIT_BAD_INPUT)
     if agent and admin:
         _fail("--admin applies to user tokens only", EXIT_BAD_INPUT)
-    if user is not None and not _USER_NAME.match(user):
+    if user is not None and not re.fullmatch(USER_NAME_PATTERN, user):
         _fail(
             f"invalid user name {user!r}: 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",
             EXIT_BAD_INPUT,
         )
+    lifetime = _duration_seconds(expires_in) if expires_in is not None else None
     with _database() as engine:
         if not is_up_to_date(engine):
             _fail("the database schema is not up to date: run `jigsaw db upgrade` first")
+        expires_at = utcnow() + timedelta(seconds=lifetime) if lifetime is not None else None
         with transaction(session_factory(engine)) as session:
             if agent:
-                token = issue_token(session, scope=AGENT_SCOPE, description=description[:200])
+                token = issue_token(
+                    session,
+                    scope=AGENT_SCOPE,
+                    description=description[:200],
+                    expires_at=expires_at,
+                )
             else:
                 assert user is not None
                 owner = get_or_create_user(session, user, is_admin=admin)
                 token = issue_token(
-                    session, scope=USER_SCOPE, user=owner, description=description[:200]
+                    session,
+                    scope=USER_SCOPE,
+                    user=owner,
+                    description=description[:200],
+                    expires_at=expires_at,
                 )
     typer.echo(token)
+
+
+@token_app.command("list")
+def token_list(
+    ctx: typer.Context,
+    user: Annotated[str | None, typer.Option(help="Only this user's tokens (admins).")] = None,
+    revoked: Annotated[bool, typer.Option("--revoked", help="Include revoked tokens.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the tokens as JSON.")] = False,
+) -> None:
+    """Tokens you may see (admins: every token), oldest first; never the tokens themselves."""
+    with _api(ctx) as client:
+        page = client.tokens(user=user, revoked=revoked)
+    if as_json:
+        _echo_json(page)
+        return
+    items = page.get("items", [])
+    if not items:
+        out.print("no tokens")
+        return
+    table = Table(box=None, header_style="bold")
+    columns = ["ID", "PREFIX", "KIND", "USER", "CREATED", "LAST USED", "EXPIRES"]
+    if revoked:
+        columns.append("REVOKED")
+    for column in [*columns, "DESCRIPTION"]:
+        table.add_column(column)
+    now = datetime.now(UTC)
+    for token in items:
+        expires = _parse_time(token.get("expires_at"))
+        expiry = "never" if expires is None else _when(token.get("expires_at"))
+        if expires is not None and expires <= now:
+            expiry = f"[red]expired[/red] {escape(expiry)}"
+        row = [
+            str(token.get("id")),
+            escape(str(token.get("prefix"))),
+            escape(str(token.get("kind"))),
+            escape(str(token.get("user") or "-")),
+            _ago(token.get("created_at")),
+            _ago(token.get("last_used_at")),
+            expiry,
+        ]
+        if revoked:
+            row.append(_ago(token.get("revoked_at")))
+        table.add_row(*row, escape(str(token.get("description") or "")))
+    out.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    ctx: typer.Context,
+    key: Annotated[
+        str, typer.Argument(help="The token's prefix (or id), from `jigsaw token list`.")
+    ],
+) -> None:
+    """Revoke a token: refused at once by the server that revoked it, and by other
+    replicas within JIGSAW_API_AUTH_CACHE_SECONDS."""
+    with _api(ctx) as client:
+        token = client.revoke_token(key)
+    owner = token.get("user") or "the agents"
+    out.print(f"revoked token {escape(str(token.get('prefix')))} of {escape(str(owner))}")
+
+
+# -- nodes ----------------------------------------------------------------------------
+
+
+def _node_jobs(change: dict[str, Any]) -> str:
+    moved = [
+        f"{len(change.get(key) or [])} {word} ({', '.join(map(str, change.get(key) or []))})"
+        for key, word in (("jobs_suspended", "suspended"), ("jobs_requeued", "requeued"))
+        if change.get(key)
+    ]
+    return f"; jobs {', '.join(moved)}" if moved else ""
+
+
+@node_app.command("drain")
+def node_drain(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Node name.", show_default=False)],
+    now: Annotated[
+        bool,
+        typer.Option(
+            "--now",
+            help="Also move its jobs: running ones checkpoint at their next iteration "
+            "boundary and are placed on other nodes.",
+        ),
+    ] = False,
+) -> None:
+    """Place no new jobs on a node; its jobs finish there unless --now."""
+    with _api(ctx) as client:
+        change = client.drain_node(name, now=now)
+    out.print(f"node {escape(name)}: drained{escape(_node_jobs(change))}")
+
+
+@node_app.command("undrain")
+def node_undrain(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Node name.", show_default=False)],
+) -> None:
+    """Place jobs on a drained node again."""
+    with _api(ctx) as client:
+        client.undrain_node(name)
+    out.print(f"node {escape(name)}: undrained")
+
+
+@node_app.command("remove")
+def node_remove(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Node name.", show_default=False)],
+) -> None:
+    """Forget a drained node that no job holds and no live agent serves."""
+    with _api(ctx) as client:
+        client.remove_node(name)
+    out.print(f"node {escape(name)}: removed")
 
 
 # -- profile --------------------------------------------------------------------------

@@ -172,6 +172,27 @@ class JigsawClient:
     def put_profile(self, workload: str, profile: Mapping[str, Any]) -> dict[str, Any]:
         return self._request("PUT", f"/v1/profiles/{quote(workload, safe='')}", json=dict(profile))
 
+    def tokens(self, *, user: str | None = None, revoked: bool = False) -> dict[str, Any]:
+        params: dict[str, str | bool] = {"revoked": revoked}
+        if user is not None:
+            params["user"] = user
+        return self._get("/v1/tokens", params=params)
+
+    def create_token(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        return self._request("POST", "/v1/tokens", json=dict(request))
+
+    def revoke_token(self, key: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/tokens/{quote(key, safe='')}")
+
+    def drain_node(self, name: str, *, now: bool = False) -> dict[str, Any]:
+        return self._request("POST", f"/v1/nodes/{quote(name, safe='')}/drain", params={"now": now})
+
+    def undrain_node(self, name: str) -> dict[str, Any]:
+        return self._request("POST", f"/v1/nodes/{quote(name, safe='')}/undrain")
+
+    def remove_node(self, name: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/nodes/{quote(name, safe='')}")
+
     # -- plumbing -------------------------------------------------------------------
 
     def _get(self, path: str, *, params: Any = None) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def get_principal(request: Request) -> Principal:
     tokens: TokenVerifier = request.app.state.tokens
     principal = tokens.verify(token)
     if principal is None:
-        raise ApiProblem(401, "invalid or revoked token", headers=_CHALLENGE)
+        raise ApiProblem(401, "invalid or revoked token (or it has expired)", headers=_CHALLENGE)
     return principal
 
 
@@ -52,3 +52,13 @@ def get_user(principal: Annotated[Principal, Depends(get_principal)]) -> Princip
 
 
 User = Annotated[Principal, Depends(get_user)]
+
+
+def get_admin(user: User) -> Principal:
+    """An admin user; anyone else gets 403."""
+    if not user.is_admin:
+        raise ApiProblem(403, "only admins may do this")
+    return user
+
+
+Admin = Annotated[Principal, Depends(get_admin)]

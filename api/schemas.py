@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scheduler.models.nodes import NodeChange
+from scheduler.models.users import USER_NAME_PATTERN, TokenInfo
 from scheduler.orm import Allocation, Event, Job, JobLog, ModelProfile, SchedulerRound
 
 
@@ -153,8 +155,14 @@ class NodeOut(BaseModel):
     id: int
     name: str
     alive: bool
-    schedulable: bool = Field(description="False while operators keep new jobs off it.")
+    schedulable: bool = Field(
+        description="False while Kubernetes keeps new jobs off it (cordoned, tainted, not "
+        "Ready); an admin's drain is `drained_at`, apart."
+    )
     unschedulable_reason: str
+    drained_at: datetime | None = Field(
+        description="Set while an admin drains it (`jigsaw node drain`): no new jobs."
+    )
     last_heartbeat_at: datetime | None
     agent_version: str
     gpus: list[GPUOut]
@@ -163,8 +171,8 @@ class NodeOut(BaseModel):
 class ClusterTotals(BaseModel):
     gpus: int
     gpus_busy: int = Field(description="Held by a job.")
-    gpus_free: int = Field(description="Not held, on an alive and schedulable node.")
-    gpus_unavailable: int = Field(description="Not held, on a dead or unschedulable node.")
+    gpus_free: int = Field(description="Not held, on an alive, schedulable, undrained node.")
+    gpus_unavailable: int = Field(description="Not held, on a dead, unschedulable or drained node.")
     jobs_queued: int
     jobs_running: int
     jobs_by_state: dict[str, int]
@@ -302,3 +310,95 @@ class ProfileOut(BaseModel):
 
 class ProfilePage(BaseModel):
     items: list[ProfileOut]
+
+
+# -- tokens ---------------------------------------------------------------------------
+
+# Ten years: long enough for any real use, small enough for every datetime library.
+MAX_EXPIRY_SECONDS = 10 * 365 * 86400
+
+
+class TokenOut(BaseModel):
+    """A token as listings show it; the token itself is never stored, only its hash."""
+
+    id: int
+    prefix: str = Field(description="Its first characters: what `DELETE /v1/tokens/{key}` takes.")
+    kind: Literal["user", "agent"] = Field(description="`agent`: the cluster token agents use.")
+    user: str | None = Field(description="Whom a user token acts as; null for agent tokens.")
+    description: str
+    created_at: datetime
+    last_used_at: datetime | None = Field(description="Accurate to a minute; null: never used.")
+    expires_at: datetime | None = Field(description="Null: never expires.")
+    revoked_at: datetime | None
+
+    @classmethod
+    def of(cls, info: TokenInfo) -> TokenOut:
+        return cls(
+            id=info.id,
+            prefix=info.prefix,
+            kind="agent" if info.scope == "agent" else "user",
+            user=info.user_name,
+            description=info.description,
+            created_at=info.created_at,
+            last_used_at=info.last_used_at,
+            expires_at=info.expires_at,
+            revoked_at=info.revoked_at,
+        )
+
+
+class TokenPage(BaseModel):
+    items: list[TokenOut] = Field(description="Oldest first.")
+
+
+class TokenIn(BaseModel):
+    """A token to issue (admins only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["user", "agent"] = "user"
+    user: str | None = Field(
+        default=None,
+        pattern=USER_NAME_PATTERN,
+        description="Whom a user token acts as (created if new); not for agent tokens.",
+    )
+    admin: bool = Field(default=False, description="Make the user an admin.")
+    description: str = Field(default="", max_length=200)
+    expires_in_seconds: int | None = Field(
+        default=None, ge=1, le=MAX_EXPIRY_SECONDS, description="Null: never expires."
+    )
+
+    @model_validator(mode="after")
+    def _owner(self) -> TokenIn:
+        if (self.kind == "user") != (self.user is not None):
+            raise ValueError("a user token needs `user`; an agent token must not have one")
+        if self.kind == "agent" and self.admin:
+            raise ValueError("`admin` applies to user tokens only")
+        return self
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The token itself: shown this once, stored only hashed.")
+
+
+# -- nodes ----------------------------------------------------------------------------
+
+
+class NodeChangeOut(BaseModel):
+    name: str
+    drained_at: datetime | None
+    removed_at: datetime | None
+    jobs_suspended: list[int] = Field(
+        description="RUNNING jobs `now` suspended: they checkpoint at their next iteration "
+        "boundary and wait to be placed on other nodes."
+    )
+    jobs_requeued: list[int] = Field(description="Jobs being launched there, queued again.")
+
+    @classmethod
+    def of(cls, change: NodeChange) -> NodeChangeOut:
+        return cls(
+            name=change.name,
+            drained_at=change.drained_at,
+            removed_at=change.removed_at,
+            jobs_suspended=change.suspended,
+            jobs_requeued=change.requeued,
+        )

@@ -307,7 +307,7 @@ def serve(
                         else:
                             dispatcher = _agents_endpoint(
                                 role, factory, settings, role_stop, local_agents,
-                                gpus_per_agent, telemetry,
+                                gpus_per_agent, telemetry, app.state.tokens,
                             )  # fmt: skip
                         if settings.kubernetes.enabled:
                             _node_inventory(role, factory, settings, role_stop)
@@ -412,8 +412,13 @@ def _agents_endpoint(
     local_agents: int,
     gpus_per_agent: int,
     telemetry: SchedulerTelemetry,
+    tokens: TokenVerifier,
 ) -> Dispatcher:
-    """The gRPC endpoint real agents dial, its dispatcher, and optionally local agents."""
+    """The gRPC endpoint real agents dial, its dispatcher, and optionally local agents.
+
+    `tokens` is the API's verifier: a cluster token revoked through this process's API
+    is refused by its gRPC endpoint at once, not only after the cache period.
+    """
     from api.local_agents import LocalAgents
     from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
     from scheduler.agents.ingest import ReportWriter
@@ -431,7 +436,6 @@ def _agents_endpoint(
     )
     interval = max(0.2, min(settings.scheduler.agent_timeout_seconds / 3, 5.0))
     service = AgentService(factory, dispatcher, writer, interval)
-    tokens = TokenVerifier(factory, settings.api.auth_cache_seconds)
     grpc_server, grpc_port = start_server(service, tokens, settings.grpc)
     # Streams end first (grace), so agents see a clean close and redial later.
     stack.callback(lambda: grpc_server.stop(grace=2).wait())

@@ -4,7 +4,8 @@ Each round, in short transactions so the API is never blocked for long:
   1. ingest the dispatcher's reports (progress, jobs that ended);
   2. expire agents that stopped heartbeating: their jobs lose their GPUs and requeue;
   3. release the GPUs of jobs that ended otherwise (cancelled or suspended through the
-     API), and stop or suspend processes the database no longer wants running;
+     API), stop or suspend processes the database no longer wants running, and queue
+     again the jobs a node drain suspended once their processes are gone;
   4. snapshot the cluster, ask the policy for a plan, apply it and dispatch.
 
 The API changes job states concurrently, so every transition here may lose a race
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler import rounds
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
+from scheduler.models.nodes import DRAINED_MESSAGE, on_drained_node
 from scheduler.models.rounds import prune_rounds, record_round
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
 from scheduler.plan import Placement, Plan, Reconfigure
@@ -130,6 +132,7 @@ class SchedulerService:
         agents_lost, requeued = self._expire_agents(now)
         released = self._release_ended(now)
         requeued += self._reconcile(now)
+        requeued += self._requeue_drained()
         with transaction(self._factory) as session:
             snapshot = build_snapshot(session, now)
         plan = self._policy(snapshot)
@@ -354,6 +357,25 @@ class SchedulerService:
                         )
         return len(lost)
 
+    def _requeue_drained(self) -> int:
+        """Queue again the jobs `jigsaw node drain --now` suspended, once their processes
+        have checkpointed and exited, so that whatever the policy they are placed anew
+        (off the drained node) and continue from the checkpoint."""
+        active = self._dispatcher.active()
+        with transaction(self._factory) as session:
+            drained = session.scalars(
+                select(Job).where(Job.state == JobState.SUSPENDED, Job.message == DRAINED_MESSAGE)
+            ).all()
+            requeued = [
+                job.id
+                for job in drained
+                if job.id not in active
+                and self._transition(session, job, JobState.QUEUED, "its node was drained")
+            ]
+        for job_id in requeued:
+            self._decide(rounds.REQUEUE, job_id, reason="node drained")
+        return len(requeued)
+
     # -- 4. the plan ----------------------------------------------------------------
 
     def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:
@@ -483,8 +505,12 @@ class SchedulerService:
             return False
 
     def _allocate(self, placement: Placement, workers: tuple[Worker, ...], now: datetime) -> bool:
-        """QUEUED -> SCHEDULED with its allocations and a decision event, atomically."""
+        """QUEUED -> SCHEDULED with its allocations and a decision event, atomically;
+        refused when a node was drained since the snapshot."""
         with transaction(self._factory) as session:
+            if on_drained_node(session, list(placement.gpu_ids)):
+                self._conflicts += 1
+                return False
             job = session.get(Job, placement.job_id)
             if job is None or not self._transition(
                 session, job, JobState.SCHEDULED, f"placed by {self._policy_name}"

@@ -96,6 +96,10 @@ class ApiToken(Base):
     description: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(default=None)  # None: never
+    # Written when a request authenticates with it, at most once per LAST_USED_RESOLUTION
+    # (scheduler/models/users.py), so authentication does not write on every request.
+    last_used_at: Mapped[datetime | None] = mapped_column(default=None)
 
     user: Mapped[User | None] = relationship()
 
@@ -110,6 +114,12 @@ class Node(Base):
     # Kubernetes node, see scheduler/kube.py); jobs already there keep running.
     schedulable: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     unschedulable_reason: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    # Set while an admin drains the node (`jigsaw node drain`): no new placements. Apart
+    # from `schedulable`, which the Kubernetes inventory owns, so neither undoes the other.
+    drained_at: Mapped[datetime | None] = mapped_column(default=None)
+    # Set by `jigsaw node remove`: the node leaves every view but its GPUs' allocation
+    # history stays; an agent registering under the name again brings it back.
+    removed_at: Mapped[datetime | None] = mapped_column(default=None)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     gpus: Mapped[list[GPU]] = relationship(back_populates="node", order_by="GPU.index")

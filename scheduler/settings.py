@@ -80,7 +80,9 @@ class APISettings(BaseSettings):
         default=5.0,
         ge=0,
         description="How long a verified token is trusted without asking the database "
-        "again; a revoked token stops working within this time (0 = check every request).",
+        "again: a token revoked on another replica stops working (HTTP and agents' gRPC "
+        "streams) within this time, on the revoking replica at once (0 = check every "
+        "request).",
     )
 
 

@@ -52,7 +52,8 @@ class NodeView:
     name: str
     alive: bool
     gpus: tuple[GPUView, ...] = ()
-    # False on a node operators keep new work off (cordoned or tainted in Kubernetes).
+    # False on a node operators keep new work off (cordoned or tainted in Kubernetes, or
+    # drained by an admin).
     schedulable: bool = True
 
     def free_gpus(self) -> tuple[GPUView, ...]:
@@ -130,10 +131,12 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
     """Read the cluster in eight queries, whatever its size (nodes, GPUs, holds, service,
     jobs, the newest submission, and the jobs' recent iterations and SPB profiles for
     their models)."""
-    # A node without an agent, or whose agent timed out, offers no capacity.
+    # A node without an agent, or whose agent timed out, offers no capacity; a removed
+    # node is not part of the cluster.
     node_rows = session.execute(
-        select(Node.id, Node.name, Agent.alive, Node.schedulable)
+        select(Node.id, Node.name, Agent.alive, Node.schedulable, Node.drained_at)
         .outerjoin(Agent, Agent.node_id == Node.id)
+        .where(Node.removed_at.is_(None))
         .order_by(Node.name)  # names are unique: every later iteration is deterministic
     ).all()
     holders: dict[int, list[int]] = defaultdict(list)
@@ -164,7 +167,10 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
 
     gpus_by_node: dict[int, list[GPUView]] = defaultdict(list)
     for gpu, node_name in session.execute(
-        select(GPU, Node.name).join(Node, Node.id == GPU.node_id).order_by(GPU.index)
+        select(GPU, Node.name)
+        .join(Node, Node.id == GPU.node_id)
+        .where(Node.removed_at.is_(None))
+        .order_by(GPU.index)
     ):
         gpus_by_node[gpu.node_id].append(
             GPUView(
@@ -183,9 +189,10 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             name=name,
             alive=bool(alive),
             gpus=tuple(gpus_by_node[node_id]),
-            schedulable=bool(schedulable),
+            # Kubernetes' verdict and the admin's drain are kept apart; either stops it.
+            schedulable=bool(schedulable) and drained_at is None,
         )
-        for node_id, name, alive, schedulable in node_rows
+        for node_id, name, alive, schedulable, drained_at in node_rows
     )
 
     rows = list(session.scalars(select(Job).where(Job.state.in_(active))))

@@ -48,7 +48,11 @@ class Endpoint:
 
 
 @contextmanager
-def agent_endpoint(engine: Engine, checkpoint_root: Path) -> Iterator[Endpoint]:
+def agent_endpoint(
+    engine: Engine, checkpoint_root: Path, tokens: TokenVerifier | None = None
+) -> Iterator[Endpoint]:
+    """The endpoint, verifying tokens with `tokens` (default: no cache), as `jigsaw up`
+    serves it."""
     factory = session_factory(engine)
     with transaction(factory) as session:
         agent_token = issue_token(session, scope=AGENT_SCOPE)
@@ -64,7 +68,7 @@ def agent_endpoint(engine: Engine, checkpoint_root: Path) -> Iterator[Endpoint]:
     )
     service = AgentService(factory, dispatcher, writer, heartbeat_interval_seconds=0.5)
     server, port = start_server(
-        service, TokenVerifier(factory, 0), GrpcSettings(host="127.0.0.1", port=0)
+        service, tokens or TokenVerifier(factory, 0), GrpcSettings(host="127.0.0.1", port=0)
     )
     address = f"127.0.0.1:{port}"
     channel = grpc.insecure_channel(address)

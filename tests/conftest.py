@@ -8,22 +8,19 @@ the server is unreachable; under CI (CI=true) a skipped PostgreSQL test fails th
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy import Engine, create_engine, text
 
 from scheduler.db import make_engine, session_factory
 from scheduler.migrate import upgrade
 from scheduler.models.users import AGENT_SCOPE, USER_SCOPE, get_or_create_user, issue_token
 from scheduler.settings import DatabaseSettings, Settings
-from tests.servers import scratch_postgres
+from tests.servers import scratch_postgres, serve_app
 
 POSTGRES_SERVER_URL = os.environ.get(
     "JIGSAW_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -121,19 +118,8 @@ def live_api(engine: Engine, db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
         agent = issue_token(session, scope=AGENT_SCOPE)
     settings = Settings(home=tmp_path, database=DatabaseSettings(url=db_url))
     app = create_app(settings)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield LiveApi(f"http://127.0.0.1:{port}", **tokens, agent=agent, engine=engine)
+        with serve_app(app) as url:
+            yield LiveApi(url, **tokens, agent=agent, engine=engine)
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         app.state.engine.dispose()

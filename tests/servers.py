@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import uvicorn
+from fastapi import FastAPI
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -102,3 +105,23 @@ def scratch_postgres(server_url: str, prefix: str = "jigsaw_test") -> Iterator[s
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@contextmanager
+def serve_app(app: FastAPI) -> Iterator[str]:
+    """`app` under uvicorn on a loopback port in this process; yields its base URL."""
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

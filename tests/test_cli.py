@@ -10,6 +10,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,48 @@ def test_bad_token_is_a_clean_error(server: Server) -> None:
     result = cli(server.home, "--token", "jsu_not-a-token", "jobs", check=False)
     assert result.returncode == 1
     assert "401" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_token_create_with_expiry_list_and_revoke(server: Server) -> None:
+    token = cli(server.home, "token", "create", "--user", "erin", "--expires-in", "30d").stdout
+    token = token.strip()
+    listed = {t["user"]: t for t in cli_json(server.home, "token", "list")["items"]}
+    erin = listed["erin"]
+    assert erin["prefix"] == token[: len(erin["prefix"])] and erin["kind"] == "user"
+    expires = datetime.fromisoformat(erin["expires_at"])
+    assert timedelta(days=29) < expires - datetime.now(UTC) <= timedelta(days=30)
+    table = cli(server.home, "token", "list").stdout
+    for column in ("PREFIX", "KIND", "USER", "CREATED", "LAST USED", "EXPIRES", erin["prefix"]):
+        assert column in table
+    assert token not in table
+    # erin sees only her own tokens
+    assert [
+        t["user"] for t in cli_json(server.home, "--token", token, "token", "list")["items"]
+    ] == ["erin"]
+    revoked = cli(server.home, "token", "revoke", erin["prefix"]).stdout
+    assert f"revoked token {erin['prefix']} of erin" in revoked
+    refused = cli(server.home, "--token", token, "whoami", check=False)
+    assert refused.returncode == 1 and "401" in refused.stderr
+    again = cli(server.home, "token", "revoke", erin["prefix"], check=False)
+    assert again.returncode == 1 and "404" in again.stderr
+    bad = cli(server.home, "token", "create", "--user", "erin", "--expires-in", "3x", check=False)
+    assert bad.returncode == 2 and "--expires-in" in bad.stderr
+
+
+def test_node_drain_shows_in_cluster_and_remove_is_refused_while_served(server: Server) -> None:
+    try:
+        assert "drained" in cli(server.home, "node", "drain", "virtual-1").stdout
+        view = {n["name"]: n for n in cli_json(server.home, "cluster")["nodes"]}
+        assert view["virtual-1"]["drained_at"] and not view["virtual-0"]["drained_at"]
+        assert "drained" in cli(server.home, "cluster").stdout
+        busy = cli(server.home, "node", "remove", "virtual-1", check=False)
+        assert busy.returncode == 1 and "409" in busy.stderr and "alive" in busy.stderr
+        missing = cli(server.home, "node", "drain", "nowhere", check=False)
+        assert missing.returncode == 1 and "404" in missing.stderr
+    finally:
+        cli(server.home, "node", "undrain", "virtual-1")
+    view = {n["name"]: n for n in cli_json(server.home, "cluster")["nodes"]}
+    assert view["virtual-1"]["drained_at"] is None
 
 
 # -- no server needed -----------------------------------------------------------------

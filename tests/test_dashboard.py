@@ -149,6 +149,15 @@ def test_every_page_loads_and_follows_a_training_job(server: Server, browser: ob
     expect(tile).to_contain_text("rank 0 · SPB off")
     expect(page.locator("#totals")).to_contain_text("1 / 2")
     shoot("cluster")
+    # An admin's drain shows on the node's card (its job keeps running there).
+    badge = page.locator("[data-node=local-0] header .badge")
+    expect(badge).to_have_text("alive")
+    assert api.post("/v1/nodes/local-0/drain").status_code == 200
+    expect(badge).to_have_text("drained")
+    expect(page.locator("[data-node=local-0] header")).to_contain_text("drained")
+    expect(page.locator("#totals")).to_contain_text("1 / 2")
+    assert api.post("/v1/nodes/local-0/undrain").status_code == 200
+    expect(badge).to_have_text("alive")
 
     # The scheduler view: the lease decision and the latency of recorded rounds.
     page.get_by_role("link", name="Scheduler").click()

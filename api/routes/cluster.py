@@ -44,6 +44,7 @@ def cluster(user: User, factory: Factory) -> ClusterOut:
             alive=n.alive,
             schedulable=n.schedulable,
             unschedulable_reason=n.unschedulable_reason,
+            drained_at=n.drained_at,
             last_heartbeat_at=n.last_heartbeat_at,
             agent_version=n.agent_version,
             gpus=[

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -18,11 +19,19 @@ logger = logging.getLogger(__name__)
 
 # Threads beyond one per connected agent: Register calls and reconnects in flight.
 _SPARE_THREADS = 16
+# Streams re-check their token no more often than this, even with no auth cache.
+_MIN_RECHECK_SECONDS = 1.0
 
 
 class TokenInterceptor(grpc.ServerInterceptor):
     """Refuses every call without a valid cluster (agent-scope) token, before any handler
-    runs, so an unauthenticated call changes nothing."""
+    runs, so an unauthenticated call changes nothing.
+
+    A stream outlives its first check: its token is checked again as messages arrive, at
+    most once per `tokens.seconds` (at least a second apart), and at once after a
+    revocation in this process; a stream whose token was revoked or expired is ended with
+    UNAUTHENTICATED, which the agent takes as a refusal.
+    """
 
     def __init__(self, tokens: TokenVerifier) -> None:
         self._tokens = tokens
@@ -35,21 +44,58 @@ class TokenInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        problem = self._problem(dict(handler_call_details.invocation_metadata or ()))
-        if problem is None:
-            return handler
-        return _refusal(handler, problem)
-
-    def _problem(self, metadata: dict[str, Any]) -> str | None:
+        metadata = dict(handler_call_details.invocation_metadata or ())
         scheme, _, token = str(metadata.get("authorization", "")).partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return "missing cluster token: send metadata 'authorization: Bearer <token>'"
-        principal = self._tokens.verify(token.strip())
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return _refusal(
+                handler, "missing cluster token: send metadata 'authorization: Bearer <token>'"
+            )
+        problem = self._problem(token)
+        if problem is not None:
+            return _refusal(handler, problem)
+        if handler.request_streaming:
+            return self._rechecked(handler, token)
+        return handler
+
+    def _problem(self, token: str) -> str | None:
+        principal = self._tokens.verify(token)
         if principal is None:
-            return "invalid or revoked cluster token"
+            return "invalid or revoked cluster token (or it has expired)"
         if principal.scope != AGENT_SCOPE:
             return "a user token cannot act as an agent: use a cluster (agent) token"
         return None
+
+    def _rechecked(self, handler: grpc.RpcMethodHandler, token: str) -> grpc.RpcMethodHandler:
+        """The handler, its request stream ending (UNAUTHENTICATED) once the token fails."""
+        interval = max(self._tokens.seconds, _MIN_RECHECK_SECONDS)
+
+        def requests(messages: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            checked_at, revision = time.monotonic(), self._tokens.revision
+            for message in messages:
+                if time.monotonic() - checked_at >= interval or self._tokens.revision != revision:
+                    checked_at, revision = time.monotonic(), self._tokens.revision
+                    problem = self._problem(token)
+                    if problem is not None:
+                        logger.warning("ending an agent stream: %s", problem)
+                        context.set_code(grpc.StatusCode.UNAUTHENTICATED)
+                        context.set_details(problem)
+                        return
+                yield message
+
+        if handler.response_streaming:
+            stream_stream = handler.stream_stream
+            return grpc.stream_stream_rpc_method_handler(
+                lambda messages, context: stream_stream(requests(messages, context), context),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        stream_unary = handler.stream_unary
+        return grpc.stream_unary_rpc_method_handler(
+            lambda messages, context: stream_unary(requests(messages, context), context),
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
 
 def _refusal(handler: grpc.RpcMethodHandler, problem: str) -> grpc.RpcMethodHandler:

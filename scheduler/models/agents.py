@@ -40,7 +40,8 @@ def register(
 ) -> Registration:
     """Create or refresh a node, its GPUs and its agent (alive as of `now`).
 
-    Idempotent: an agent registers again after every reconnect. GPUs keep their rows
+    Idempotent: an agent registers again after every reconnect; an admin's drain stays
+    (a removed node comes back undrained). GPUs keep their rows
     (and so their allocation history) across registrations; a GPU the agent no longer
     offers stays in the table but is logged, since jobs may still hold it.
     """
@@ -50,6 +51,10 @@ def register(
         node = Node(name=node_name, address=address, created_at=now)
         session.add(node)
         session.flush()
+    elif node.removed_at is not None:
+        # An admin removed the node; an agent serving it again makes it a fresh node.
+        logger.info("node %s registers again after its removal", node_name)
+        node.removed_at = node.drained_at = None
     node.address = address
     existing = {
         gpu.index: gpu for gpu in session.scalars(select(GPU).where(GPU.node_id == node.id))

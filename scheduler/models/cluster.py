@@ -41,14 +41,19 @@ class NodeRow:
     agent_version: str
     schedulable: bool = True
     unschedulable_reason: str = ""
+    drained_at: datetime | None = None  # set while an admin drains it
     gpus: list[GPURow] = field(default_factory=list)
 
 
 def cluster_view(session: Session) -> list[NodeRow]:
-    """Every node with its GPUs and their current holders; four queries in all."""
+    """Every node (but removed ones) with its GPUs and their current holders; four
+    queries in all."""
     nodes: dict[int, NodeRow] = {}
     for node, agent in session.execute(
-        select(Node, Agent).outerjoin(Agent, Agent.node_id == Node.id).order_by(Node.name)
+        select(Node, Agent)
+        .outerjoin(Agent, Agent.node_id == Node.id)
+        .where(Node.removed_at.is_(None))
+        .order_by(Node.name)
     ):
         nodes[node.id] = NodeRow(
             id=node.id,
@@ -58,9 +63,12 @@ def cluster_view(session: Session) -> list[NodeRow]:
             agent_version=agent.version if agent else "",
             schedulable=node.schedulable,
             unschedulable_reason=node.unschedulable_reason,
+            drained_at=node.drained_at,
         )
     gpus: dict[int, GPURow] = {}
-    for gpu in session.scalars(select(GPU).order_by(GPU.node_id, GPU.index)):
+    for gpu in session.scalars(
+        select(GPU).where(GPU.node_id.in_(nodes)).order_by(GPU.node_id, GPU.index)
+    ):
         row = GPURow(gpu.id, gpu.index, gpu.kind, gpu.memory_bytes, gpu.virtual)
         gpus[gpu.id] = row
         nodes[gpu.node_id].gpus.append(row)
@@ -105,8 +113,9 @@ def _latest_utilization(session: Session, job_ids: set[int]) -> dict[int, float 
 
 @dataclass(frozen=True)
 class Capacity:
-    """GPUs by state (busy: held; free: placeable now; unavailable: on a dead or
-    unschedulable node) and nodes by state (alive, unschedulable, dead)."""
+    """GPUs by state (busy: held; free: placeable now; unavailable: on a dead,
+    unschedulable or drained node) and nodes by state (alive, unschedulable (drained
+    included), dead), removed nodes left out."""
 
     gpus: dict[str, int]
     nodes: dict[str, int]
@@ -117,14 +126,19 @@ def capacity(session: Session) -> Capacity:
     held = set(session.scalars(select(Allocation.gpu_id).where(Allocation.released_at.is_(None))))
     nodes = {"alive": 0, "unschedulable": 0, "dead": 0}
     usable: dict[int, bool] = {}
-    for node_id, alive, schedulable in session.execute(
-        select(Node.id, Agent.alive, Node.schedulable).outerjoin(Agent, Agent.node_id == Node.id)
+    for node_id, alive, schedulable, drained_at in session.execute(
+        select(Node.id, Agent.alive, Node.schedulable, Node.drained_at)
+        .outerjoin(Agent, Agent.node_id == Node.id)
+        .where(Node.removed_at.is_(None))
     ):
-        state = "dead" if not alive else "alive" if schedulable else "unschedulable"
+        takes_jobs = schedulable and drained_at is None
+        state = "dead" if not alive else "alive" if takes_jobs else "unschedulable"
         nodes[state] += 1
         usable[node_id] = state == "alive"
     gpus = {"busy": 0, "free": 0, "unavailable": 0}
     for gpu_id, node_id in session.execute(select(GPU.id, GPU.node_id)):
-        state = "busy" if gpu_id in held else "free" if usable.get(node_id) else "unavailable"
+        if node_id not in usable:
+            continue  # a removed node's
+        state = "busy" if gpu_id in held else "free" if usable[node_id] else "unavailable"
         gpus[state] += 1
     return Capacity(gpus=gpus, nodes=nodes)

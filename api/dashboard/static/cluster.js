@@ -28,14 +28,25 @@ function gpuTile(gpu) {
   return tile;
 }
 
+// An admin's drain and Kubernetes' verdict are separate: the badge names the first
+// reason a node takes no new jobs, the line beside it every reason.
+function nodeState(node) {
+  if (!node.alive) return "dead";
+  if (node.drained_at) return "drained";
+  return node.schedulable ? "alive" : "unschedulable";
+}
+
 function nodeCard(node) {
-  const state = !node.alive ? "dead" : node.schedulable ? "alive" : "unschedulable";
+  const reasons = [
+    node.drained_at ? `drained ${ago(node.drained_at)}` : "",
+    node.unschedulable_reason,
+  ].filter(Boolean).join(" · ");
   return h("section", { class: "node panel", "data-node": node.name },
     h("header", {},
       h("span", { class: "name" }, node.name),
-      badge(state),
-      h("span", { class: "muted", title: node.unschedulable_reason || undefined },
-        node.unschedulable_reason || `${node.agent_version || "no agent"} · seen ${ago(node.last_heartbeat_at)}`)),
+      badge(nodeState(node)),
+      h("span", { class: "muted", title: reasons || undefined },
+        reasons || `${node.agent_version || "no agent"} · seen ${ago(node.last_heartbeat_at)}`)),
     h("div", { class: "gpus" }, node.gpus.map(gpuTile)));
 }
 
@@ -53,7 +64,7 @@ export function clusterView() {
       totals.replaceChildren(
         card("GPUs busy", `${t.gpus_busy} / ${t.gpus}`),
         card("GPUs free", t.gpus_free),
-        card("GPUs unavailable", t.gpus_unavailable, "on dead or unschedulable nodes"),
+        card("GPUs unavailable", t.gpus_unavailable, "on dead, unschedulable or drained nodes"),
         card("Queued jobs", t.jobs_queued),
         card("Running jobs", t.jobs_running),
         card(`Allocation (${window})`, percent(t.allocation), "GPU-seconds held / available"),
