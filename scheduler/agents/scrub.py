@@ -11,10 +11,11 @@ Scalar numbers keep their meaning-specific checks (`service.metric_rows`).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
-from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 REPLACEMENT = "\ufffd"
@@ -37,10 +38,24 @@ def scrub(message: Message) -> int:
             elif "\0" in value:
                 setattr(message, field.name, _clean(value))
                 changed += 1
-        elif field.type == FieldDescriptor.TYPE_MESSAGE:
+        elif field.type == FieldDescriptor.TYPE_MESSAGE and _holds_text(field.message_type):
             children = value if field.is_repeated else [value]
             changed += sum(scrub(child) for child in children)
     return changed
+
+
+@functools.cache
+def _holds_text(descriptor: Descriptor) -> bool:
+    """Whether messages of this type can hold a string or a map, at any depth: the
+    thousands of iteration records a second hold neither and are not walked."""
+    return any(
+        field.type == _STRING
+        or (
+            field.type == FieldDescriptor.TYPE_MESSAGE
+            and (field.message_type.GetOptions().map_entry or _holds_text(field.message_type))
+        )
+        for field in descriptor.fields
+    )
 
 
 def _scrub_map(field: FieldDescriptor, entries: Any) -> int:
