@@ -31,7 +31,7 @@ from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.scrub import scrub
 from scheduler.db import transaction
 from scheduler.jobspec import checked_workload
-from scheduler.models.agents import GpuSlot, register
+from scheduler.models.agents import GpuSlot, ran_on, register
 from scheduler.models.profiles import save_profile
 from scheduler.orm import Agent, Node
 from scheduler.spb import SPBProfile
@@ -277,9 +277,11 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             SCRUBBED.inc()
         if kind == "reports":
             for job in message.reports.jobs:
-                if self._dispatcher.runs_on(session.node_name, job.job_id):
+                if self._dispatcher.runs_on(session.node_name, job.job_id) or (
+                    job.replayed and self._ran_on(session, job.job_id)
+                ):
                     rows, invalid = metric_rows(job.records)
-                    self._writer.metrics(job.job_id, rows)
+                    self._writer.metrics(job.job_id, rows, replayed=job.replayed)
                     if invalid:
                         DROPPED.labels("invalid_record").inc(invalid)
                 else:
@@ -310,6 +312,13 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             raise InvalidMessage("hello is only the first message of a stream")
         else:
             raise InvalidMessage("empty agent message")
+
+    def _ran_on(self, session: AgentSession, job_id: int) -> bool:
+        """Records an agent replays after a restart may be of a run the scheduler has
+        forgotten since (it requeued the job, or restarted): they are history, taken
+        from the nodes the job was ever allocated to."""
+        with transaction(self._factory) as db:
+            return ran_on(db, job_id, session.node_id)
 
     def _save_profile(self, session: AgentSession, report: pb.ModelProfileReport) -> None:
         """Trial code can forge a profile: a bad one is dropped and logged, and the
