@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -158,8 +159,44 @@ class SchedulerService:
     # -- 1. reports -----------------------------------------------------------------
 
     def _ingest(self, reports: list[Report], now: datetime) -> int:
+        """Apply the reports together; when that fails, each on its own, and a report
+        that still fails once more without what its job's code wrote (metrics, message):
+        an exit that is never recorded would leave its job RUNNING without processes,
+        to be requeued and relaunched over and over."""
         if not reports:
             return 0
+        try:
+            ended = self._apply(reports, now)
+        except Exception:
+            logger.exception("could not apply %d reports together; one by one", len(reports))
+            ended = []
+            for report in reports:
+                for attempt in (report, _bare(report)):
+                    try:
+                        ended += self._apply([attempt], now)
+                        break
+                    except Exception:
+                        logger.exception(
+                            "could not apply the report of job %d",
+                            report.job_id,
+                            extra={"job_id": report.job_id},
+                        )
+        # A gang whose ranks on one node crashed must not wait on them forever elsewhere.
+        self._command(self._dispatcher.stop, ended)
+        return len(ended)
+
+    def _apply(self, reports: list[Report], now: datetime) -> list[int]:
+        """Apply the reports in one transaction; the jobs that left RUNNING. Raises when
+        it rolled back, having forgotten what it decided."""
+        decided, conflicts = len(self._decisions), self._conflicts
+        try:
+            return self._apply_in_transaction(reports, now)
+        except Exception:
+            del self._decisions[decided:]
+            self._conflicts = conflicts
+            raise
+
+    def _apply_in_transaction(self, reports: list[Report], now: datetime) -> list[int]:
         ended: list[int] = []
         with transaction(self._factory) as session:
             jobs = {
@@ -180,9 +217,7 @@ class SchedulerService:
                 if self._end(session, job, report):
                     ended.append(job.id)
             _release(session, ended, now)
-        # A gang whose ranks on one node crashed must not wait on them forever elsewhere.
-        self._command(self._dispatcher.stop, ended)
-        return len(ended)
+        return ended
 
     def _end(self, session: Session, job: Job, report: Report) -> bool:
         """Apply a run's end to a RUNNING job; True when the job left RUNNING."""
@@ -588,6 +623,11 @@ class SchedulerService:
                     job_id,
                     extra={"job_id": job_id},
                 )
+
+
+def _bare(report: Report) -> Report:
+    """The report without what the job's own code wrote."""
+    return replace(report, metrics={}, message=f"{report.outcome} (its message was unstorable)")
 
 
 def _clip(message: str) -> str:

@@ -49,7 +49,7 @@ class SchedulerTelemetry:
         )
         self.reports_dropped = Counter(
             "jigsaw_reports_dropped_total",
-            "Reported iteration rows and log lines dropped because the database write failed.",
+            "Reported iteration rows, log lines and evaluations the database refused.",
             registry=registry,
         )
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import faulthandler
 import random
+import sys
+import time
 import traceback
 from typing import Any
 
@@ -52,6 +54,35 @@ class CrashingTrial(TinyTrial):
 
     def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
         raise RuntimeError("the user's loss exploded")
+
+
+class SlowTrial(TinyTrial):
+    """A user trial whose steps take a while: a job that runs for seconds."""
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        time.sleep(0.05)
+        return super().loss(model, batch)
+
+
+class NulPrintingTrial(SlowTrial):
+    """Prints a NUL byte at every step, then fails with one in its error."""
+
+    steps = 0
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        NulPrintingTrial.steps += 1
+        sys.stdout.write(f"step {NulPrintingTrial.steps}: \x00 in a log line\n")
+        sys.stdout.flush()
+        if NulPrintingTrial.steps == 150:
+            raise RuntimeError("a NUL \x00 in the error")
+        return super().loss(model, batch)
+
+
+class InfEvaluatingTrial(SlowTrial):
+    """Its evaluation (every 100 iterations and at the end) returns inf and NaN."""
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        return {"mse": float("inf"), "accuracy": float("nan"), "steps": 1.0}
 
 
 class NotATrial:

@@ -19,6 +19,7 @@ from worker_agent.agent import AgentRejected, run_agent
 from worker_agent.outbox import Outbox
 from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.settings import AgentSettings
+from worker_agent.spool import ReportSpool
 
 
 @pytest.fixture
@@ -66,3 +67,45 @@ def test_the_outbox_batches_bounds_and_keeps_exits() -> None:
             assert message.log.message == "new"
     assert kinds == ["reports", "log", "exit"]
     assert outbox.dropped == 2
+
+
+def _sent(message: agent_pb2.AgentMessage | None) -> list[tuple[int, bool, list[int]]]:
+    assert message is not None
+    return [(j.job_id, j.replayed, [r.iteration for r in j.records]) for j in message.reports.jobs]
+
+
+def test_records_queued_when_the_agent_dies_are_replayed_by_the_next(tmp_path: Path) -> None:
+    never = threading.Event()
+    path = tmp_path / "reports.spool"
+    # An agent that is killed: its outbox and spool are simply abandoned.
+    first = Outbox(batch_records=2, batch_seconds=3600, max_records=4, spool=ReportSpool(path))
+    first.put(_records(1, 1, 2, 3))
+    assert _sent(first.next_message(0, never)) == [(1, False, [1, 2])]
+    first.put(_records(2, 1))
+    first.put(_records(1, 4, 5, 6))  # one over the bound: the oldest (3) is dropped
+
+    second = Outbox(batch_records=10, batch_seconds=3600, spool=ReportSpool(path))
+    second.put(_records(1, 7))
+    # The leftovers go at once, marked replayed, apart from the new run's records.
+    assert _sent(second.next_message(0, never)) == [
+        (2, True, [1]),
+        (1, True, [4, 5, 6]),
+        (1, False, [7]),
+    ]
+    # Sent: the next agent has nothing to replay, and the file is empty again.
+    assert ReportSpool(path).recover() == [] and path.stat().st_size == 0
+
+
+def test_the_spool_stays_small_and_survives_a_torn_write(tmp_path: Path) -> None:
+    path = tmp_path / "reports.spool"
+    outbox = Outbox(
+        batch_records=1000, batch_seconds=3600, max_records=100, spool=ReportSpool(path)
+    )
+    for iteration in range(1, 5001):  # a long outage: the bound drops the oldest
+        outbox.put(_records(1, iteration))
+    # Compacted as it goes: a record and a note of its drop each take over 80 kB.
+    assert path.stat().st_size < 20_000
+    with path.open("ab") as spool:
+        spool.write(b"R\xff\xff\x00\x00partial")  # killed in the middle of a write
+    recovered = ReportSpool(path).recover()
+    assert [record.iteration for _, record in recovered] == list(range(4901, 5001))

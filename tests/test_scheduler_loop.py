@@ -322,6 +322,40 @@ def test_a_crash_is_retried_up_to_max_retries_then_fails(factory: sessionmaker[S
     assert [c.kind for c in dispatcher.commands] == ["launch", "stop", "launch", "stop"]
 
 
+class Unstorable(SimulatedDispatcher):
+    """Every run ends at its first poll; the first job's exit carries what PostgreSQL
+    cannot store (NUL in text, infinity in JSON): a dispatcher that did not scrub."""
+
+    def poll(self, now: datetime) -> list[Report]:
+        reports = [
+            Report(job_id, 3, RunOutcome.SUCCEEDED, "done \0", {"mse": float("inf")})
+            if job_id == min(self.active())
+            else Report(job_id, 3, RunOutcome.SUCCEEDED, "done", {"mse": 0.25})
+            for job_id in self.active()
+        ]
+        self._runs.clear()
+        return reports
+
+
+def test_an_exit_is_recorded_even_when_what_it_carries_cannot_be(
+    factory: sessionmaker[Session], db_url: str
+) -> None:
+    """An exit lost to a failed write left its job RUNNING without processes, requeued
+    and relaunched forever; nor may it take the other exits of the round with it."""
+    add_nodes(factory, {"a": 2})
+    unstorable, fine = add_job(factory, 1), add_job(factory, 1)
+    loop, dispatcher = service(factory, Unstorable(iterations_per_second=1))
+    loop.run_round(T0)  # launch both
+    loop.run_round(T0)  # both end
+    with factory() as session:
+        bad, good = session.get_one(Job, unstorable), session.get_one(Job, fine)
+        assert (bad.state, good.state) == (JobState.SUCCEEDED, JobState.SUCCEEDED)
+        assert (bad.iterations_done, good.metrics) == (3, {"mse": 0.25})
+        if db_url.startswith("postgresql"):
+            assert bad.metrics == {} and "unstorable" in bad.message
+    assert [c.kind for c in dispatcher.commands].count("launch") == 2
+
+
 class Reconnected(SimulatedDispatcher):
     """Agents of `nodes` are connected and report exactly `runs` (job -> nodes)."""
 

@@ -23,6 +23,7 @@ from worker_agent.gpus import GpuSlot, discover
 from worker_agent.outbox import Outbox
 from worker_agent.proto.jigsaw.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.settings import AgentSettings
+from worker_agent.spool import SPOOL_FILE, ReportSpool
 from worker_agent.supervisor import Supervisor, json_object
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,9 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
         warm_workers=settings.warm_workers,
     )
     # A job's first iteration goes out at once: users see it start without the batching delay.
-    outbox = Outbox(first_records_at_once=True)
+    # Records queued when the agent is killed are sent after its restart (the spool).
+    spool = ReportSpool(settings.work_dir / SPOOL_FILE)
+    outbox = Outbox(first_records_at_once=True, spool=spool)
     # Drains the supervisor continuously, also while disconnected, so that the outbox's
     # bounds (not an unbounded queue) decide what an outage costs.
     pump = threading.Thread(
@@ -84,6 +87,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
         supervisor.close()
         stop.set()  # ends the pump also when the agent was refused
         pump.join(timeout=5)
+        spool.close()
         logger.info("agent stopped")
 
 

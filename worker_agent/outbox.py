@@ -7,6 +7,9 @@ scheduler is unreachable, records, evaluations, profiles and log lines are buffe
 its last exit) are due at once rather than after the batching delay: the scheduler then
 sees the job start training as soon as it does.
 
+With a `ReportSpool`, the queue of iteration records is mirrored on disk: an agent
+killed with records queued sends them after its restart, marked `replayed`.
+
 The protocol has no acknowledgements: a message written just before a stream broke may be
 lost with it. Exits are not sent again on the next stream, since a stale exit could end a
 later run of the job; the scheduler instead learns from the next Hello that the job's
@@ -19,9 +22,11 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from typing import TypeVar
 
 from worker_agent.proto.jigsaw.v1 import agent_pb2
+from worker_agent.spool import ReportSpool
 from worker_agent.supervisor import Outbound
 
 logger = logging.getLogger(__name__)
@@ -38,6 +43,7 @@ class Outbox:
         max_records: int = 20_000,
         max_other: int = 2_000,
         first_records_at_once: bool = False,
+        spool: ReportSpool | None = None,
     ) -> None:
         self._batch_records = batch_records
         self._batch_seconds = batch_seconds
@@ -45,8 +51,10 @@ class Outbox:
         self._max_other = max_other
         self._first_records_at_once = first_records_at_once
         self._changed = threading.Condition()
-        self._records: deque[tuple[int, agent_pb2.IterationRecord]] = deque()
+        # (job id, record, replayed: from the spool of an earlier run of the agent)
+        self._records: deque[tuple[int, agent_pb2.IterationRecord, bool]] = deque()
         self._records_since: float | None = None  # when the oldest unsent record came
+        self._spool = spool
         self._other: deque[
             agent_pb2.Evaluation | agent_pb2.LogTail | agent_pb2.ModelProfileReport
         ] = deque()
@@ -55,6 +63,11 @@ class Outbox:
         self._reporting: set[int] = set()
         self._first_records = False  # records of a run's start are waiting: send now
         self.dropped = 0
+        if spool is not None:
+            self._records.extend((job_id, record, True) for job_id, record in spool.recover())
+            if self._records:
+                self._records_since = time.monotonic()
+                self._first_records = True
 
     def put(self, item: Outbound) -> None:
         with self._changed:
@@ -64,11 +77,20 @@ class Outbox:
             elif isinstance(item, agent_pb2.JobIterations):
                 if item.job_id not in self._reporting:
                     self._reporting.add(item.job_id)
-                    self._first_records = self._first_records_at_once
+                    self._first_records |= self._first_records_at_once
                 if self._records_since is None:
                     self._records_since = time.monotonic()
+                dropped = self.dropped
                 for record in item.records:
-                    self._append_bounded(self._records, (item.job_id, record), self._max_records)
+                    self._append_bounded(
+                        self._records, (item.job_id, record, False), self._max_records
+                    )
+                if self._spool is not None:
+                    self._spool.append(item.job_id, item.records)
+                    if self.dropped > dropped:
+                        self._spool.consumed(
+                            self.dropped - dropped, len(self._records), self._pending
+                        )
             else:
                 self._append_bounded(self._other, item, self._max_other)
             self._changed.notify_all()
@@ -125,13 +147,21 @@ class Outbox:
         )
 
     def _take_reports(self) -> agent_pb2.AgentMessage:
-        by_job: dict[int, agent_pb2.JobIterations] = {}
-        for _ in range(min(self._batch_records, len(self._records))):
-            job_id, record = self._records.popleft()
-            by_job.setdefault(job_id, agent_pb2.JobIterations(job_id=job_id)).records.append(record)
+        by_job: dict[tuple[int, bool], agent_pb2.JobIterations] = {}
+        taken = min(self._batch_records, len(self._records))
+        for _ in range(taken):
+            job_id, record, replayed = self._records.popleft()
+            by_job.setdefault(
+                (job_id, replayed), agent_pb2.JobIterations(job_id=job_id, replayed=replayed)
+            ).records.append(record)
         self._records_since = time.monotonic() if self._records else None
         self._first_records = False
+        if self._spool is not None:
+            self._spool.consumed(taken, len(self._records), self._pending)
         return agent_pb2.AgentMessage(reports=agent_pb2.IterationReports(jobs=by_job.values()))
+
+    def _pending(self) -> Iterator[tuple[int, agent_pb2.IterationRecord]]:
+        return ((job_id, record) for job_id, record, _ in self._records)
 
     def _append_bounded(self, buffer: deque[_T], item: _T, bound: int) -> None:
         if len(buffer) >= bound:

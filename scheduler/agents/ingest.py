@@ -1,10 +1,18 @@
 """`ReportWriter`: what agents stream in, written to the database in batches.
 
 gRPC handler threads only enqueue; one writer thread drains the queue and writes each
-batch in one transaction (one multi-row INSERT per table, one UPDATE per touched job or
-agent), so the database sees a few large transactions a second instead of one per
-message. The queue is bounded: when the database falls behind, handlers block and gRPC
-flow control slows the agents down instead of the scheduler's memory growing.
+batch in few transactions (one multi-row INSERT per table, one UPDATE per touched job),
+so the database sees a few large transactions a second instead of one per message. The
+queue is bounded: when the database falls behind, handlers block and gRPC flow control
+slows the agents down instead of the scheduler's memory growing.
+
+Failures stay with the job that caused them. Heartbeats (liveness) are written in their
+own transaction, never beside what trial code reported. When a batch's reports fail, each
+job's are written again on their own, and the items of a job that still fails one by
+one: only the item the database refuses is dropped (and counted), never another job's
+reports. Iteration records an agent replays after a restart (its spool, see
+`worker_agent.outbox`) may have been stored already: those are written only for
+iterations the job has no row for, and do not move its progress.
 """
 
 from __future__ import annotations
@@ -13,36 +21,29 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import bindparam, case, insert, select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.db import transaction
 from scheduler.models.agents import record_heartbeats
 from scheduler.models.metrics import record
-from scheduler.orm import Job, JobLog, table_of, utcnow
+from scheduler.orm import IterationMetric, Job, JobLog, table_of, utcnow
 from scheduler.telemetry import SchedulerTelemetry
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Batch:
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    logs: list[dict[str, Any]] = field(default_factory=list)
-    evaluations: dict[int, dict[str, float]] = field(default_factory=dict)
-    heartbeats: dict[int, datetime] = field(default_factory=dict)
-    items: int = 0
 
 
 @dataclass(frozen=True)
 class _Metrics:
     job_id: int
     rows: Sequence[dict[str, Any]]
+    replayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,25 @@ class _Heartbeat:
     at: datetime
 
 
-_Item = _Metrics | _Log | _Evaluation | _Heartbeat
+_JobItem = _Metrics | _Log | _Evaluation
+_Item = _JobItem | _Heartbeat
+
+
+@dataclass
+class _Batch:
+    jobs: dict[int, list[_JobItem]] = field(default_factory=dict)
+    heartbeats: dict[int, datetime] = field(default_factory=dict)
+    rows: int = 0  # iteration rows, which bound a batch
+    items: int = 0
+
+    def add(self, item: _Item) -> None:
+        self.items += 1
+        if isinstance(item, _Heartbeat):
+            self.heartbeats[item.agent_id] = item.at
+        else:
+            self.jobs.setdefault(item.job_id, []).append(item)
+            if isinstance(item, _Metrics):
+                self.rows += len(item.rows)
 
 
 class ReportWriter:
@@ -99,8 +118,11 @@ class ReportWriter:
 
     # -- producers (gRPC handler threads) --------------------------------------------
 
-    def metrics(self, job_id: int, rows: Sequence[dict[str, Any]]) -> None:
-        self._put(_Metrics(job_id, rows))
+    def metrics(
+        self, job_id: int, rows: Sequence[dict[str, Any]], *, replayed: bool = False
+    ) -> None:
+        """`replayed`: rows an agent sends again after a restart (see the module)."""
+        self._put(_Metrics(job_id, rows, replayed))
 
     def log(self, job_id: int, rank: int, level: str, message: str) -> None:
         self._put(_Log(job_id, rank, level, message, utcnow()))
@@ -130,81 +152,178 @@ class ReportWriter:
             batch = _Batch()
             deadline = time.monotonic() + self._max_delay
             while item is not None:
-                _add(batch, item)
-                if len(batch.metrics) >= self._max_rows:
+                batch.add(item)
+                if batch.rows >= self._max_rows:
                     break
                 try:
                     item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
                 except queue.Empty:
                     break
             stopping = item is None
-            if batch.items:
-                self._write(batch)
+            self._write_heartbeats(batch.heartbeats)
+            self._write_reports(batch.jobs)
             with self._idle:
                 self._pending -= batch.items
                 self._idle.notify_all()
 
-    def _write(self, batch: _Batch) -> None:
+    def _write_heartbeats(self, seen: dict[int, datetime]) -> None:
+        if not seen:
+            return
         try:
             with transaction(self._factory) as session:
-                _write(session, batch)
-            self.rows_written += len(batch.metrics)
-            if self._telemetry is not None:
-                reports = self._telemetry.reports
-                reports.labels("iterations").inc(len(batch.metrics))
-                reports.labels("logs").inc(len(batch.logs))
-                reports.labels("evaluations").inc(len(batch.evaluations))
-                reports.labels("heartbeats").inc(len(batch.heartbeats))
+                record_heartbeats(session, seen)
         except Exception:
-            if self._telemetry is not None:
-                self._telemetry.reports_dropped.inc(len(batch.metrics) + len(batch.logs))
-            # Reports are observations, not decisions: losing one batch beats stopping
-            # the writer, which would block every agent.
-            logger.exception(
-                "could not write %d iteration rows and %d log lines; dropped",
-                len(batch.metrics),
-                len(batch.logs),
-            )
+            logger.exception("could not record the heartbeats of agents %s", sorted(seen))
+            return
+        self._count(_Written(heartbeats=len(seen)))
 
+    def _write_reports(self, jobs: dict[int, list[_JobItem]]) -> None:
+        """All jobs in one transaction; if that fails, each job alone, and the items of a
+        job that still fails one by one. A database that is unreachable fails them all:
+        then the rest is dropped at once rather than tried item by item."""
+        if not jobs:
+            return
+        error = self._commit(jobs)
+        if error is None:
+            return
+        logger.warning("a batch of reports failed (%s); writing job by job", _reason(error))
+        for job_id, items in jobs.items():
+            if len(jobs) > 1 and not _unreachable(error):
+                failed = self._commit({job_id: items})
+                if failed is None:
+                    continue
+                error = failed
+            for item in items:
+                if len(items) > 1 and not _unreachable(error):
+                    failed = self._commit({job_id: [item]})
+                    if failed is None:
+                        continue
+                    error = failed
+                self._drop(item, error)
 
-def _add(batch: _Batch, item: _Item) -> None:
-    batch.items += 1
-    if isinstance(item, _Metrics):
-        batch.metrics.extend({"job_id": item.job_id, **row} for row in item.rows)
-    elif isinstance(item, _Log):
-        batch.logs.append(
-            {
-                "job_id": item.job_id,
-                "rank": item.rank,
-                "level": item.level,
-                "message": item.message,
-                "created_at": item.at,
-            }
+    def _commit(self, jobs: Mapping[int, Sequence[_JobItem]]) -> Exception | None:
+        """Write these items in one transaction; the error if it rolled back."""
+        try:
+            with transaction(self._factory) as session:
+                written = _write(session, jobs)
+        except Exception as exc:
+            return exc
+        self._count(written)
+        return None
+
+    def _drop(self, item: _JobItem, error: Exception) -> None:
+        # Reports are observations, not decisions: dropping one beats stopping the
+        # writer, which would block every agent.
+        size = len(item.rows) if isinstance(item, _Metrics) else 1
+        if self._telemetry is not None:
+            self._telemetry.reports_dropped.inc(size)
+        logger.warning(
+            "job %d: could not store %s (%d row(s)); dropped: %s",
+            item.job_id,
+            type(item).__name__.strip("_").lower(),
+            size,
+            _reason(error),
+            extra={"job_id": item.job_id},
         )
-    elif isinstance(item, _Evaluation):
-        batch.evaluations[item.job_id] = item.metrics
-    else:
-        batch.heartbeats[item.agent_id] = item.at
+
+    def _count(self, written: _Written) -> None:
+        self.rows_written += written.iterations
+        if self._telemetry is not None:
+            reports = self._telemetry.reports
+            for kind, count in vars(written).items():
+                if count:
+                    reports.labels(kind).inc(count)
 
 
-def _write(session: Session, batch: _Batch) -> None:
-    touched = (
-        {row["job_id"] for row in batch.metrics}
-        | {row["job_id"] for row in batch.logs}
-        | set(batch.evaluations)
-    )
+@dataclass(frozen=True)
+class _Written:
+    iterations: int = 0
+    logs: int = 0
+    evaluations: int = 0
+    heartbeats: int = 0
+
+
+def _unreachable(error: Exception) -> bool:
+    """The database failed, not the data: trying smaller pieces will not help."""
+    return isinstance(error, OperationalError | InterfaceError)
+
+
+def _reason(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+
+
+def _write(session: Session, jobs: Mapping[int, Sequence[_JobItem]]) -> _Written:
     # A job deleted meanwhile would fail the whole batch on its foreign key.
-    existing = set(session.scalars(select(Job.id).where(Job.id.in_(touched)))) if touched else set()
-    record(session, (row for row in batch.metrics if row["job_id"] in existing))
-    logs = [row for row in batch.logs if row["job_id"] in existing]
+    existing = set(session.scalars(select(Job.id).where(Job.id.in_(jobs))))
+    live: list[dict[str, Any]] = []
+    replayed: list[dict[str, Any]] = []
+    logs: list[dict[str, Any]] = []
+    evaluations: dict[int, dict[str, float]] = {}
+    for job_id in sorted(existing):
+        for item in jobs[job_id]:
+            if isinstance(item, _Metrics):
+                rows = replayed if item.replayed else live
+                rows.extend({"job_id": job_id, **row} for row in item.rows)
+            elif isinstance(item, _Log):
+                logs.append(
+                    {
+                        "job_id": job_id,
+                        "rank": item.rank,
+                        "level": item.level,
+                        "message": item.message,
+                        "created_at": item.at,
+                    }
+                )
+            else:
+                evaluations[job_id] = item.metrics
+    written = record(session, [*live, *_unstored(session, replayed, live)])
     if logs:
         session.execute(insert(JobLog), logs)
+    _advance(session, live)
+    for job_id, metrics in evaluations.items():
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(metrics=metrics)
+            .execution_options(synchronize_session=False)
+        )
+    return _Written(iterations=written, logs=len(logs), evaluations=len(evaluations))
+
+
+def _unstored(
+    session: Session, replayed: list[dict[str, Any]], live: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The replayed rows of iterations that have no row yet (stored, or in this batch)."""
+    if not replayed:
+        return []
+    seen = {(row["job_id"], row["iteration"]) for row in live}
+    for job_id in {row["job_id"] for row in replayed}:
+        iterations = [row["iteration"] for row in replayed if row["job_id"] == job_id]
+        seen.update(
+            (job_id, iteration)
+            for iteration in session.scalars(
+                select(IterationMetric.iteration).where(
+                    IterationMetric.job_id == job_id,
+                    IterationMetric.iteration.between(min(iterations), max(iterations)),
+                )
+            )
+        )
+    fresh = []
+    for row in replayed:
+        key = (row["job_id"], row["iteration"])
+        if key not in seen:
+            seen.add(key)
+            fresh.append(row)
+    return fresh
+
+
+def _advance(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Move each job's progress to its highest reported iteration, never backwards (a job
+    resumed from an older checkpoint re-reports iterations)."""
     progress: dict[int, int] = {}
-    for row in batch.metrics:
-        if row["job_id"] in existing:
-            progress[row["job_id"]] = max(progress.get(row["job_id"], 0), row["iteration"])
+    for row in rows:
+        progress[row["job_id"]] = max(progress.get(row["job_id"], 0), row["iteration"])
     if progress:
-        # Never backwards: a job resumed from an older checkpoint re-reports iterations.
         # On the Core table: an executemany UPDATE with its own WHERE (not by primary key).
         jobs = table_of(Job)
         session.execute(
@@ -218,12 +337,3 @@ def _write(session: Session, batch: _Batch) -> None:
             ),
             [{"job": job_id, "done": done} for job_id, done in progress.items()],
         )
-    for job_id, metrics in batch.evaluations.items():
-        if job_id in existing:
-            session.execute(
-                update(Job)
-                .where(Job.id == job_id)
-                .values(metrics=metrics)
-                .execution_options(synchronize_session=False)
-            )
-    record_heartbeats(session, batch.heartbeats)

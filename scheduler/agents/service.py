@@ -4,6 +4,11 @@ Every message is validated before it touches state: a malformed Register or Conn
 rejected with INVALID_ARGUMENT (or FAILED_PRECONDITION for a node that never
 registered) and a clear message, and writes nothing. Reports about jobs the agent was
 not given are dropped and counted, never written.
+
+Much of what an agent forwards was written by trial code, which is not trusted: every
+message is scrubbed where it enters (`agents.scrub`: no NUL, no non-finite metric), and
+an invalid iteration record or profile is dropped and counted without ending the stream,
+which carries the agent's other jobs and its heartbeats.
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.agents.dispatcher import AgentDispatcher, AgentSession
 from scheduler.agents.ingest import ReportWriter
+from scheduler.agents.scrub import scrub
 from scheduler.db import transaction
 from scheduler.jobspec import checked_workload
-from scheduler.models.agents import GpuSlot, register
+from scheduler.models.agents import GpuSlot, ran_on, register
 from scheduler.models.profiles import save_profile
 from scheduler.orm import Agent, Node
 from scheduler.spb import SPBProfile
@@ -43,6 +49,10 @@ DROPPED = Counter(
     "jigsaw_agent_messages_dropped_total",
     "Agent messages dropped: about jobs the agent was not given, or malformed.",
     ["kind"],
+)
+SCRUBBED = Counter(
+    "jigsaw_agent_messages_scrubbed_total",
+    "Agent messages that carried NUL in text or non-finite metrics (see agents.scrub).",
 )
 
 
@@ -68,7 +78,9 @@ def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
     return [GpuSlot(gpu.index, gpu.kind, gpu.memory_bytes, gpu.virtual) for gpu in request.gpus]
 
 
-def metric_rows(records: Any) -> list[dict[str, Any]]:
+def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
+    """The storable rows of these records, and how many were not (trial code can forge
+    any record, so a bad one is dropped, never held against the stream)."""
     rows = []
     for record in records:
         values = (
@@ -77,11 +89,14 @@ def metric_rows(records: Any) -> list[dict[str, Any]]:
             record.comm_seconds,
             record.samples_per_second,
         )
-        if record.iteration < 1 or not all(math.isfinite(v) and v >= 0 for v in values):
-            raise InvalidMessage(f"iteration record {record.iteration} has invalid values")
         depth = record.spb_depth if record.HasField("spb_depth") else None
-        if depth is not None and not 0 < depth <= 1:
-            raise InvalidMessage(f"iteration record {record.iteration}: spb_depth {depth}")
+        if (
+            record.iteration < 1
+            or not all(math.isfinite(v) and v >= 0 for v in values)
+            or (depth is not None and not 0 < depth <= 1)
+        ):
+            continue
+        utilization = record.utilization if record.HasField("utilization") else None
         rows.append(
             {
                 "iteration": record.iteration,
@@ -90,14 +105,18 @@ def metric_rows(records: Any) -> list[dict[str, Any]]:
                 "comm_seconds": record.comm_seconds,
                 "samples_per_second": record.samples_per_second,
                 # A diverged loss is a fact worth keeping; JSON and SQL want None for it.
-                "loss": record.loss if math.isfinite(record.loss) else None,
-                "utilization": record.utilization if record.HasField("utilization") else None,
+                "loss": _finite_or_none(record.loss),
+                "utilization": _finite_or_none(utilization),
                 "peak_memory_bytes": record.peak_memory_bytes,
                 "bytes_communicated": record.bytes_communicated,
                 "spb_depth": depth,
             }
         )
-    return rows
+    return rows, len(records) - len(rows)
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def model_profile(report: pb.ModelProfileReport) -> tuple[SPBProfile, str]:
@@ -105,17 +124,19 @@ def model_profile(report: pb.ModelProfileReport) -> tuple[SPBProfile, str]:
     try:
         checked_workload(report.workload)
         profile = SPBProfile.from_json(json.loads(report.profile_json))
-    except (ValueError, KeyError, TypeError) as exc:
+        figures = [value for stage in profile.stages for value in vars(stage).values()]
+        valid = (
+            profile.workload == report.workload
+            and profile.stages
+            and profile.per_worker_batch >= 1
+            and all(math.isfinite(v) and v >= 0 for v in figures)
+            and all(math.isfinite(r) and r > 0 for r in profile.steps_ratio.values())
+            and all("\0" not in name for name in profile.steps_ratio)
+            and 0 < len(report.device_kind) <= 64
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidMessage(f"profile of job {report.job_id}: {exc}") from None
-    figures = [value for stage in profile.stages for value in vars(stage).values()]
-    if (
-        profile.workload != report.workload
-        or not profile.stages
-        or profile.per_worker_batch < 1
-        or not all(math.isfinite(v) and v >= 0 for v in figures)
-        or not all(math.isfinite(r) and r > 0 for r in profile.steps_ratio.values())
-        or not 0 < len(report.device_kind) <= 64
-    ):
+    if not valid:
         raise InvalidMessage(f"profile of job {report.job_id} has invalid values")
     return profile, report.device_kind
 
@@ -170,6 +191,8 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message of Connect must be a hello"
             )
             return
+        if scrub(first):
+            SCRUBBED.inc()
         hello = first.hello
         with transaction(self._factory) as session:
             row = session.execute(
@@ -250,10 +273,17 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         self._writer.heartbeat(session.agent_id)
         if kind == "heartbeat":
             return
+        if scrub(message):
+            SCRUBBED.inc()
         if kind == "reports":
             for job in message.reports.jobs:
-                if self._dispatcher.runs_on(session.node_name, job.job_id):
-                    self._writer.metrics(job.job_id, metric_rows(job.records))
+                if self._dispatcher.runs_on(session.node_name, job.job_id) or (
+                    job.replayed and self._ran_on(session, job.job_id)
+                ):
+                    rows, invalid = metric_rows(job.records)
+                    self._writer.metrics(job.job_id, rows, replayed=job.replayed)
+                    if invalid:
+                        DROPPED.labels("invalid_record").inc(invalid)
                 else:
                     DROPPED.labels("reports").inc()
         elif kind == "exit":
@@ -275,12 +305,33 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 DROPPED.labels("evaluation").inc()
         elif kind == "profile":
             if self._dispatcher.runs_on(session.node_name, message.profile.job_id):
-                profile, device_kind = model_profile(message.profile)
-                with transaction(self._factory) as db:
-                    save_profile(db, profile, device_kind)
+                self._save_profile(session, message.profile)
             else:
                 DROPPED.labels("profile").inc()
         elif kind == "hello":
             raise InvalidMessage("hello is only the first message of a stream")
         else:
             raise InvalidMessage("empty agent message")
+
+    def _ran_on(self, session: AgentSession, job_id: int) -> bool:
+        """Records an agent replays after a restart may be of a run the scheduler has
+        forgotten since (it requeued the job, or restarted): they are history, taken
+        from the nodes the job was ever allocated to."""
+        with transaction(self._factory) as db:
+            return ran_on(db, job_id, session.node_id)
+
+    def _save_profile(self, session: AgentSession, report: pb.ModelProfileReport) -> None:
+        """Trial code can forge a profile: a bad one is dropped and logged, and the
+        stream (every other job of the agent) goes on."""
+        try:
+            profile, device_kind = model_profile(report)
+            with transaction(self._factory) as db:
+                save_profile(db, profile, device_kind)
+        except Exception as exc:
+            DROPPED.labels("invalid_profile").inc()
+            logger.warning(
+                "agent %s: %s; dropped",
+                session.node_name,
+                exc,
+                extra={"node": session.node_name, "job_id": report.job_id},
+            )

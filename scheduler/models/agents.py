@@ -10,7 +10,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from scheduler.orm import GPU, Agent, Node, utcnow
+from scheduler.orm import GPU, Agent, Allocation, Node, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +104,14 @@ def node_addresses(session: Session, node_names: Iterable[str]) -> dict[str, str
     return dict(
         session.execute(select(Node.name, Node.address).where(Node.name.in_(set(node_names)))).all()
     )
+
+
+def ran_on(session: Session, job_id: int, node_id: int) -> bool:
+    """Whether the job was ever allocated a GPU of the node."""
+    allocation = session.scalar(
+        select(Allocation.id)
+        .join(GPU, GPU.id == Allocation.gpu_id)
+        .where(Allocation.job_id == job_id, GPU.node_id == node_id)
+        .limit(1)
+    )
+    return allocation is not None

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(worker_agent/proto/jigsaw/v1/agent.proto\x12\tjigsaw.v1\"I\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07virtual\x18\x04 \x01(\x08\"j\n\x0fRegisterRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x1c\n\x04gpus\x18\x02 \x03(\x0b\x32\x0e.jigsaw.v1.Gpu\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"Y\n\x10RegisterResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\x03\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\"\n\x1aheartbeat_interval_seconds\x18\x03 \x01(\x01\"\xba\x02\n\x0c\x41gentMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.jigsaw.v1.HelloH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.jigsaw.v1.HeartbeatH\x00\x12.\n\x07reports\x18\x03 \x01(\x0b\x32\x1b.jigsaw.v1.IterationReportsH\x00\x12\"\n\x04\x65xit\x18\x04 \x01(\x0b\x32\x12.jigsaw.v1.JobExitH\x00\x12!\n\x03log\x18\x05 \x01(\x0b\x32\x12.jigsaw.v1.LogTailH\x00\x12+\n\nevaluation\x18\x06 \x01(\x0b\x32\x15.jigsaw.v1.EvaluationH\x00\x12\x30\n\x07profile\x18\x07 \x01(\x0b\x32\x1d.jigsaw.v1.ModelProfileReportH\x00\x42\x06\n\x04\x62ody\"e\n\x05Hello\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12&\n\x07running\x18\x02 \x03(\x0b\x32\x15.jigsaw.v1.RunningJob\x12!\n\x05\x65xits\x18\x03 \x03(\x0b\x32\x12.jigsaw.v1.JobExit\"F\n\nRunningJob\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12(\n\x05ranks\x18\x02 \x03(\x0b\x32\x19.jigsaw.v1.RankAssignment\"\x0b\n\tHeartbeat\"\x9a\x02\n\x0fIterationRecord\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12\x14\n\x0c\x63omm_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x05 \x01(\x01\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x18\n\x0butilization\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x11peak_memory_bytes\x18\x08 \x01(\x03\x12\x1a\n\x12\x62ytes_communicated\x18\t \x01(\x03\x12\x16\n\tspb_depth\x18\n \x01(\x01H\x01\x88\x01\x01\x42\x0e\n\x0c_utilizationB\x0c\n\n_spb_depth\"L\n\rJobIterations\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12+\n\x07records\x18\x02 \x03(\x0b\x32\x1a.jigsaw.v1.IterationRecord\":\n\x10IterationReports\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.jigsaw.v1.JobIterations\"\xda\x01\n\x07JobExit\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12#\n\x07outcome\x18\x02 \x01(\x0e\x32\x12.jigsaw.v1.Outcome\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x11\n\titeration\x18\x04 \x01(\x03\x12\x12\n\nerror_tail\x18\x05 \x01(\t\x12\x30\n\x07metrics\x18\x06 \x03(\x0b\x32\x1f.jigsaw.v1.JobExit.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"G\n\x07LogTail\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05level\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x94\x01\n\nEvaluation\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x33\n\x07metrics\x18\x03 \x03(\x0b\x32\".jigsaw.v1.Evaluation.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"a\n\x12ModelProfileReport\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08workload\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x03 \x01(\t\x12\x14\n\x0cprofile_json\x18\x04 \x01(\t\"\x81\x02\n\x10SchedulerMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.jigsaw.v1.LaunchCommandH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.jigsaw.v1.StopCommandH\x00\x12,\n\x07suspend\x18\x03 \x01(\x0b\x32\x19.jigsaw.v1.SuspendCommandH\x00\x12*\n\x06resume\x18\x04 \x01(\x0b\x32\x18.jigsaw.v1.LaunchCommandH\x00\x12\x34\n\x0breconfigure\x18\x05 \x01(\x0b\x32\x1d.jigsaw.v1.ReconfigureCommandH\x00\x42\t\n\x07\x63ommand\"1\n\x0eRankAssignment\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tgpu_index\x18\x02 \x01(\x05\"\xa9\x02\n\rLaunchCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tspec_json\x18\x02 \x01(\t\x12(\n\x05ranks\x18\x03 \x03(\x0b\x32\x19.jigsaw.v1.RankAssignment\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x13\n\x0bmaster_addr\x18\x05 \x01(\t\x12\x13\n\x0bmaster_port\x18\x06 \x01(\x05\x12\x17\n\x0fstart_iteration\x18\x07 \x01(\x03\x12\x18\n\x10lease_iterations\x18\x08 \x01(\x05\x12\x10\n\x08spb_json\x18\t \x01(\t\x12\x16\n\x0e\x63onfig_version\x18\n \x01(\x03\x12\x16\n\x0e\x63heckpoint_dir\x18\x0b \x01(\t\x12\x18\n\x10\x63heckpoint_every\x18\x0c \x01(\x05\"-\n\x0bStopCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x0eSuspendCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"Q\n\x12ReconfigureCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfig_version\x18\x02 \x01(\x03\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t*y\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTCOME_SUCCEEDED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x12\x15\n\x11OUTCOME_SUSPENDED\x10\x03\x12\x13\n\x0fOUTCOME_STOPPED\x10\x04\x32\x98\x01\n\x0c\x41gentService\x12\x43\n\x08Register\x12\x1a.jigsaw.v1.RegisterRequest\x1a\x1b.jigsaw.v1.RegisterResponse\x12\x43\n\x07\x43onnect\x12\x17.jigsaw.v1.AgentMessage\x1a\x1b.jigsaw.v1.SchedulerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n(worker_agent/proto/jigsaw/v1/agent.proto\x12\tjigsaw.v1\"I\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x03 \x01(\x03\x12\x0f\n\x07virtual\x18\x04 \x01(\x08\"j\n\x0fRegisterRequest\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12\x1c\n\x04gpus\x18\x02 \x03(\x0b\x32\x0e.jigsaw.v1.Gpu\x12\x15\n\ragent_version\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\"Y\n\x10RegisterResponse\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\x03\x12\x0f\n\x07node_id\x18\x02 \x01(\x03\x12\"\n\x1aheartbeat_interval_seconds\x18\x03 \x01(\x01\"\xba\x02\n\x0c\x41gentMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.jigsaw.v1.HelloH\x00\x12)\n\theartbeat\x18\x02 \x01(\x0b\x32\x14.jigsaw.v1.HeartbeatH\x00\x12.\n\x07reports\x18\x03 \x01(\x0b\x32\x1b.jigsaw.v1.IterationReportsH\x00\x12\"\n\x04\x65xit\x18\x04 \x01(\x0b\x32\x12.jigsaw.v1.JobExitH\x00\x12!\n\x03log\x18\x05 \x01(\x0b\x32\x12.jigsaw.v1.LogTailH\x00\x12+\n\nevaluation\x18\x06 \x01(\x0b\x32\x15.jigsaw.v1.EvaluationH\x00\x12\x30\n\x07profile\x18\x07 \x01(\x0b\x32\x1d.jigsaw.v1.ModelProfileReportH\x00\x42\x06\n\x04\x62ody\"e\n\x05Hello\x12\x11\n\tnode_name\x18\x01 \x01(\t\x12&\n\x07running\x18\x02 \x03(\x0b\x32\x15.jigsaw.v1.RunningJob\x12!\n\x05\x65xits\x18\x03 \x03(\x0b\x32\x12.jigsaw.v1.JobExit\"F\n\nRunningJob\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12(\n\x05ranks\x18\x02 \x03(\x0b\x32\x19.jigsaw.v1.RankAssignment\"\x0b\n\tHeartbeat\"\x9a\x02\n\x0fIterationRecord\x12\x11\n\titeration\x18\x01 \x01(\x03\x12\x14\n\x0cstep_seconds\x18\x02 \x01(\x01\x12\x17\n\x0f\x63ompute_seconds\x18\x03 \x01(\x01\x12\x14\n\x0c\x63omm_seconds\x18\x04 \x01(\x01\x12\x1a\n\x12samples_per_second\x18\x05 \x01(\x01\x12\x0c\n\x04loss\x18\x06 \x01(\x01\x12\x18\n\x0butilization\x18\x07 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x11peak_memory_bytes\x18\x08 \x01(\x03\x12\x1a\n\x12\x62ytes_communicated\x18\t \x01(\x03\x12\x16\n\tspb_depth\x18\n \x01(\x01H\x01\x88\x01\x01\x42\x0e\n\x0c_utilizationB\x0c\n\n_spb_depth\"^\n\rJobIterations\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12+\n\x07records\x18\x02 \x03(\x0b\x32\x1a.jigsaw.v1.IterationRecord\x12\x10\n\x08replayed\x18\x03 \x01(\x08\":\n\x10IterationReports\x12&\n\x04jobs\x18\x01 \x03(\x0b\x32\x18.jigsaw.v1.JobIterations\"\xda\x01\n\x07JobExit\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12#\n\x07outcome\x18\x02 \x01(\x0e\x32\x12.jigsaw.v1.Outcome\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x11\n\titeration\x18\x04 \x01(\x03\x12\x12\n\nerror_tail\x18\x05 \x01(\t\x12\x30\n\x07metrics\x18\x06 \x03(\x0b\x32\x1f.jigsaw.v1.JobExit.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"G\n\x07LogTail\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05level\x18\x03 \x01(\t\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x94\x01\n\nEvaluation\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\titeration\x18\x02 \x01(\x03\x12\x33\n\x07metrics\x18\x03 \x03(\x0b\x32\".jigsaw.v1.Evaluation.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"a\n\x12ModelProfileReport\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x10\n\x08workload\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x03 \x01(\t\x12\x14\n\x0cprofile_json\x18\x04 \x01(\t\"\x81\x02\n\x10SchedulerMessage\x12*\n\x06launch\x18\x01 \x01(\x0b\x32\x18.jigsaw.v1.LaunchCommandH\x00\x12&\n\x04stop\x18\x02 \x01(\x0b\x32\x16.jigsaw.v1.StopCommandH\x00\x12,\n\x07suspend\x18\x03 \x01(\x0b\x32\x19.jigsaw.v1.SuspendCommandH\x00\x12*\n\x06resume\x18\x04 \x01(\x0b\x32\x18.jigsaw.v1.LaunchCommandH\x00\x12\x34\n\x0breconfigure\x18\x05 \x01(\x0b\x32\x1d.jigsaw.v1.ReconfigureCommandH\x00\x42\t\n\x07\x63ommand\"1\n\x0eRankAssignment\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x11\n\tgpu_index\x18\x02 \x01(\x05\"\xa9\x02\n\rLaunchCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x11\n\tspec_json\x18\x02 \x01(\t\x12(\n\x05ranks\x18\x03 \x03(\x0b\x32\x19.jigsaw.v1.RankAssignment\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x13\n\x0bmaster_addr\x18\x05 \x01(\t\x12\x13\n\x0bmaster_port\x18\x06 \x01(\x05\x12\x17\n\x0fstart_iteration\x18\x07 \x01(\x03\x12\x18\n\x10lease_iterations\x18\x08 \x01(\x05\x12\x10\n\x08spb_json\x18\t \x01(\t\x12\x16\n\x0e\x63onfig_version\x18\n \x01(\x03\x12\x16\n\x0e\x63heckpoint_dir\x18\x0b \x01(\t\x12\x18\n\x10\x63heckpoint_every\x18\x0c \x01(\x05\"-\n\x0bStopCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x0eSuspendCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\"Q\n\x12ReconfigureCommand\x12\x0e\n\x06job_id\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfig_version\x18\x02 \x01(\x03\x12\x13\n\x0b\x63onfig_json\x18\x03 \x01(\t*y\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\x15\n\x11OUTCOME_SUCCEEDED\x10\x01\x12\x12\n\x0eOUTCOME_FAILED\x10\x02\x12\x15\n\x11OUTCOME_SUSPENDED\x10\x03\x12\x13\n\x0fOUTCOME_STOPPED\x10\x04\x32\x98\x01\n\x0c\x41gentService\x12\x43\n\x08Register\x12\x1a.jigsaw.v1.RegisterRequest\x1a\x1b.jigsaw.v1.RegisterResponse\x12\x43\n\x07\x43onnect\x12\x17.jigsaw.v1.AgentMessage\x1a\x1b.jigsaw.v1.SchedulerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOBEXIT_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_EVALUATION_METRICSENTRY']._loaded_options = None
   _globals['_EVALUATION_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_OUTCOME']._serialized_start=2576
-  _globals['_OUTCOME']._serialized_end=2697
+  _globals['_OUTCOME']._serialized_start=2594
+  _globals['_OUTCOME']._serialized_end=2715
   _globals['_GPU']._serialized_start=55
   _globals['_GPU']._serialized_end=128
   _globals['_REGISTERREQUEST']._serialized_start=130
@@ -54,33 +54,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ITERATIONRECORD']._serialized_start=835
   _globals['_ITERATIONRECORD']._serialized_end=1117
   _globals['_JOBITERATIONS']._serialized_start=1119
-  _globals['_JOBITERATIONS']._serialized_end=1195
-  _globals['_ITERATIONREPORTS']._serialized_start=1197
-  _globals['_ITERATIONREPORTS']._serialized_end=1255
-  _globals['_JOBEXIT']._serialized_start=1258
-  _globals['_JOBEXIT']._serialized_end=1476
-  _globals['_JOBEXIT_METRICSENTRY']._serialized_start=1430
-  _globals['_JOBEXIT_METRICSENTRY']._serialized_end=1476
-  _globals['_LOGTAIL']._serialized_start=1478
-  _globals['_LOGTAIL']._serialized_end=1549
-  _globals['_EVALUATION']._serialized_start=1552
-  _globals['_EVALUATION']._serialized_end=1700
-  _globals['_EVALUATION_METRICSENTRY']._serialized_start=1430
-  _globals['_EVALUATION_METRICSENTRY']._serialized_end=1476
-  _globals['_MODELPROFILEREPORT']._serialized_start=1702
-  _globals['_MODELPROFILEREPORT']._serialized_end=1799
-  _globals['_SCHEDULERMESSAGE']._serialized_start=1802
-  _globals['_SCHEDULERMESSAGE']._serialized_end=2059
-  _globals['_RANKASSIGNMENT']._serialized_start=2061
-  _globals['_RANKASSIGNMENT']._serialized_end=2110
-  _globals['_LAUNCHCOMMAND']._serialized_start=2113
-  _globals['_LAUNCHCOMMAND']._serialized_end=2410
-  _globals['_STOPCOMMAND']._serialized_start=2412
-  _globals['_STOPCOMMAND']._serialized_end=2457
-  _globals['_SUSPENDCOMMAND']._serialized_start=2459
-  _globals['_SUSPENDCOMMAND']._serialized_end=2491
-  _globals['_RECONFIGURECOMMAND']._serialized_start=2493
-  _globals['_RECONFIGURECOMMAND']._serialized_end=2574
-  _globals['_AGENTSERVICE']._serialized_start=2700
-  _globals['_AGENTSERVICE']._serialized_end=2852
+  _globals['_JOBITERATIONS']._serialized_end=1213
+  _globals['_ITERATIONREPORTS']._serialized_start=1215
+  _globals['_ITERATIONREPORTS']._serialized_end=1273
+  _globals['_JOBEXIT']._serialized_start=1276
+  _globals['_JOBEXIT']._serialized_end=1494
+  _globals['_JOBEXIT_METRICSENTRY']._serialized_start=1448
+  _globals['_JOBEXIT_METRICSENTRY']._serialized_end=1494
+  _globals['_LOGTAIL']._serialized_start=1496
+  _globals['_LOGTAIL']._serialized_end=1567
+  _globals['_EVALUATION']._serialized_start=1570
+  _globals['_EVALUATION']._serialized_end=1718
+  _globals['_EVALUATION_METRICSENTRY']._serialized_start=1448
+  _globals['_EVALUATION_METRICSENTRY']._serialized_end=1494
+  _globals['_MODELPROFILEREPORT']._serialized_start=1720
+  _globals['_MODELPROFILEREPORT']._serialized_end=1817
+  _globals['_SCHEDULERMESSAGE']._serialized_start=1820
+  _globals['_SCHEDULERMESSAGE']._serialized_end=2077
+  _globals['_RANKASSIGNMENT']._serialized_start=2079
+  _globals['_RANKASSIGNMENT']._serialized_end=2128
+  _globals['_LAUNCHCOMMAND']._serialized_start=2131
+  _globals['_LAUNCHCOMMAND']._serialized_end=2428
+  _globals['_STOPCOMMAND']._serialized_start=2430
+  _globals['_STOPCOMMAND']._serialized_end=2475
+  _globals['_SUSPENDCOMMAND']._serialized_start=2477
+  _globals['_SUSPENDCOMMAND']._serialized_end=2509
+  _globals['_RECONFIGURECOMMAND']._serialized_start=2511
+  _globals['_RECONFIGURECOMMAND']._serialized_end=2592
+  _globals['_AGENTSERVICE']._serialized_start=2718
+  _globals['_AGENTSERVICE']._serialized_end=2870
 # @@protoc_insertion_point(module_scope)

@@ -119,12 +119,14 @@ class IterationRecord(_message.Message):
     def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ...) -> None: ...
 
 class JobIterations(_message.Message):
-    __slots__ = ("job_id", "records")
+    __slots__ = ("job_id", "records", "replayed")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     records: _containers.RepeatedCompositeFieldContainer[IterationRecord]
-    def __init__(self, job_id: _Optional[int] = ..., records: _Optional[_Iterable[_Union[IterationRecord, _Mapping]]] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, job_id: _Optional[int] = ..., records: _Optional[_Iterable[_Union[IterationRecord, _Mapping]]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class IterationReports(_message.Message):
     __slots__ = ("jobs",)
