@@ -160,6 +160,51 @@ def _progress(job: dict[str, Any]) -> str:
     return f"{done:,}"
 
 
+_SPARK_POINTS = 40  # buckets of iterations in `jigsaw job`'s loss sparkline
+_SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """One bar per value, from the lowest (▁) to the highest (█)."""
+    low, high = min(values), max(values)
+    if high - low <= 1e-12 * max(1.0, abs(high)):
+        return _SPARK_BARS[len(_SPARK_BARS) // 2 - 1] * len(values)
+    top = len(_SPARK_BARS) - 1
+    return "".join(_SPARK_BARS[round((value - low) / (high - low) * top)] for value in values)
+
+
+def _metric_rows(job: dict[str, Any], points: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The job's last evaluation and its latest iterations, with a sparkline of the loss."""
+    rows: list[tuple[str, str]] = []
+    evaluation = job.get("metrics") or {}
+    if evaluation:
+        rows.append(
+            (
+                "evaluation",
+                ", ".join(f"{escape(str(k))} {v:.4g}" for k, v in sorted(evaluation.items())),
+            )
+        )
+    if not points:
+        rows.append(("iterations", "no metrics reported yet"))
+        return rows
+    last = points[-1]
+    latest = [f"iteration {last['iteration']:,}"]
+    for key, label, fmt in (
+        ("loss", "loss", "{:.4g}"),
+        ("step_seconds", "step", "{:.3f} s"),
+        ("samples_per_second", "samples/s", "{:,.0f}"),
+        ("utilization", "utilization", "{:.0%}"),
+        ("spb_depth", "spb depth", "{:.2f}"),
+    ):
+        if last.get(key) is not None:
+            latest.append(f"{label} {fmt.format(last[key])}")
+    rows.append(("latest", ", ".join(latest)))
+    losses = [p["loss"] for p in points if p.get("loss") is not None]
+    if len(losses) >= 2:  # from the first reported iteration to the latest
+        rows.append(("loss", f"{losses[0]:.4g} {sparkline(losses)} {losses[-1]:.4g}"))
+    return rows
+
+
 # -- job spec files -------------------------------------------------------------------
 
 
@@ -454,10 +499,11 @@ def show_job(
         bool, typer.Option("--json", help='Print {"job": ..., "events": [...]}.')
     ] = False,
 ) -> None:
-    """Show one job and its event history."""
+    """Show one job: its state, latest metrics, a sparkline of its loss, its events."""
     with _api(ctx) as client:
         job = client.get_job(job_id)
         events = client.events(job_id).get("items", [])
+        points = [] if as_json else client.metrics(job_id, points=_SPARK_POINTS).get("points", [])
     if as_json:
         _echo_json({"job": job, "events": events})
         return
@@ -484,6 +530,7 @@ def show_job(
         ("started", _when(job.get("started_at"))),
         ("finished", _when(job.get("finished_at"))),
     ]
+    rows += _metric_rows(job, points)
     for key, value in rows:
         info.add_row(key, value)
     out.print(info)
