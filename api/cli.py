@@ -24,6 +24,14 @@ import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from api.client import ApiError, JigsawClient
@@ -165,6 +173,51 @@ def _progress(job: dict[str, Any]) -> str:
     if total:
         return f"{done:,}/{total:,} ({100 * done / total:.0f}%)"
     return f"{done:,}"
+
+
+_SPARK_POINTS = 40  # buckets of iterations in `jigsaw job`'s loss sparkline
+_SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """One bar per value, from the lowest (▁) to the highest (█)."""
+    low, high = min(values), max(values)
+    if high - low <= 1e-12 * max(1.0, abs(high)):
+        return _SPARK_BARS[len(_SPARK_BARS) // 2 - 1] * len(values)
+    top = len(_SPARK_BARS) - 1
+    return "".join(_SPARK_BARS[round((value - low) / (high - low) * top)] for value in values)
+
+
+def _metric_rows(job: dict[str, Any], points: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The job's last evaluation and its latest iterations, with a sparkline of the loss."""
+    rows: list[tuple[str, str]] = []
+    evaluation = job.get("metrics") or {}
+    if evaluation:
+        rows.append(
+            (
+                "evaluation",
+                ", ".join(f"{escape(str(k))} {v:.4g}" for k, v in sorted(evaluation.items())),
+            )
+        )
+    if not points:
+        rows.append(("iterations", "no metrics reported yet"))
+        return rows
+    last = points[-1]
+    latest = [f"iteration {last['iteration']:,}"]
+    for key, label, fmt in (
+        ("loss", "loss", "{:.4g}"),
+        ("step_seconds", "step", "{:.3f} s"),
+        ("samples_per_second", "samples/s", "{:,.0f}"),
+        ("utilization", "utilization", "{:.0%}"),
+        ("spb_depth", "spb depth", "{:.2f}"),
+    ):
+        if last.get(key) is not None:
+            latest.append(f"{label} {fmt.format(last[key])}")
+    rows.append(("latest", ", ".join(latest)))
+    losses = [p["loss"] for p in points if p.get("loss") is not None]
+    if len(losses) >= 2:  # from the first reported iteration to the latest
+        rows.append(("loss", f"{losses[0]:.4g} {sparkline(losses)} {losses[-1]:.4g}"))
+    return rows
 
 
 # -- job spec files -------------------------------------------------------------------
@@ -461,10 +514,11 @@ def show_job(
         bool, typer.Option("--json", help='Print {"job": ..., "events": [...]}.')
     ] = False,
 ) -> None:
-    """Show one job and its event history."""
+    """Show one job: its state, latest metrics, a sparkline of its loss, its events."""
     with _api(ctx) as client:
         job = client.get_job(job_id)
         events = client.events(job_id).get("items", [])
+        points = [] if as_json else client.metrics(job_id, points=_SPARK_POINTS).get("points", [])
     if as_json:
         _echo_json({"job": job, "events": events})
         return
@@ -491,6 +545,7 @@ def show_job(
         ("started", _when(job.get("started_at"))),
         ("finished", _when(job.get("finished_at"))),
     ]
+    rows += _metric_rows(job, points)
     for key, value in rows:
         info.add_row(key, value)
     out.print(info)
@@ -923,6 +978,7 @@ def node_remove(
 
 # -- profile --------------------------------------------------------------------------
 
+_DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 
 
@@ -959,6 +1015,13 @@ def profile(
     ] = "accuracy>=0.9",
     max_iterations: Annotated[int, typer.Option(min=1, help="Limit of each run.")] = 1000,
     learning_rate: Annotated[float, typer.Option(help="Learning rate of the runs.")] = 0.05,
+    device: Annotated[
+        str,
+        typer.Option(
+            help="Measure the stages on `cpu` or a CUDA device (`cuda`, `cuda:N`); the "
+            "efficiency runs train on CPU processes either way (steps do not depend on it)."
+        ),
+    ] = "cpu",
     save: Annotated[bool, typer.Option(help="Store the profile through the API.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
@@ -971,34 +1034,70 @@ def profile(
     if batch_size < workers:
         _fail(f"--batch-size {batch_size} is smaller than --workers {workers}", 2)
     goal = _parse_target(target) if efficiency else None
+    if _DEVICE.match(device) is None:
+        _fail(f"--device {device!r}: write cpu, cuda or cuda:N", 2)
     # torch is imported only by the commands that train.
     import torch
 
-    from worker_agent.runtime.spb.efficiency import measure_profile
+    from worker_agent.runtime.spb.efficiency import measure_profile, phases
     from worker_agent.runtime.spb.stages import StageError
     from worker_agent.runtime.workloads import WorkloadError
 
+    measured_on = torch.device(device)
+    device_kind = "cpu"
+    if measured_on.type == "cuda":
+        if not torch.cuda.is_available():
+            _fail(f"--device {device}: torch {torch.__version__} sees no CUDA device here", 2)
+        if measured_on.index is None:
+            measured_on = torch.device("cuda", torch.cuda.current_device())
+        if measured_on.index >= torch.cuda.device_count():
+            _fail(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)", 2)
+        # The name agents report as the GPU's kind, so profiles match the nodes' GPUs.
+        device_kind = torch.cuda.get_device_name(measured_on)
     torch.set_num_threads(threads)
-    try:
-        measured = measure_profile(
-            workload,
-            workers=workers,
-            hyperparameters=hyperparameters,
-            stages=stages,
-            repeats=repeats,
-            target=goal,
-            max_iterations=max_iterations,
-        )
-    except (StageError, WorkloadError) as exc:
-        _fail(str(exc), 2)
-    document = {**measured.to_json(), "device_kind": "cpu"}
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=as_json,
+    ) as progress:
+        task = progress.add_task(workload, total=phases(goal))
+        begun = 0
+
+        def on_phase(phase: str) -> None:
+            nonlocal begun
+            progress.update(task, description=f"{workload}: {phase}", completed=begun)
+            begun += 1
+
+        try:
+            measured = measure_profile(
+                workload,
+                workers=workers,
+                hyperparameters=hyperparameters,
+                stages=stages,
+                repeats=repeats,
+                target=goal,
+                max_iterations=max_iterations,
+                device=measured_on,
+                on_phase=on_phase,
+            )
+        except (StageError, WorkloadError) as exc:
+            _fail(str(exc), 2)
+    document = {**measured.to_json(), "device_kind": device_kind}
     if save:
         with _api(ctx) as client:
             client.put_profile(workload, {k: v for k, v in document.items() if k != "workload"})
     if as_json:
         _echo_json(document)
         return
-    table = Table(title=f"{workload}: {workers} workers, {measured.per_worker_batch} per worker")
+    table = Table(
+        title=f"{workload}: {workers} workers, {measured.per_worker_batch} per worker, "
+        f"measured on {escape(device_kind)}"
+    )
     for column in ("STAGE", "FORWARD ms", "dX ms", "dW ms", "ACTIVATIONS KiB", "PARAMS KiB"):
         table.add_column(column, justify="right")
     for index, stage in enumerate(measured.stages):

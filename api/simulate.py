@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -200,7 +201,8 @@ def simulate(
                 if as_json:
                     typer.echo(json.dumps(row))
     if not as_json:
-        out.print(_table(rows))
+        for table in fitted_tables(rows, out):
+            out.print(table)
         for load_name, bound in bounds.items():
             out.print(
                 f"{load_name}: no schedule that runs one job per GPU at a time finishes "
@@ -235,20 +237,40 @@ def _report_skipped(workloads: list[Workload]) -> None:
             err.print(f"[yellow]skipped[/yellow] {load.name}: {len(load.skipped) - 20} more rows")
 
 
-def _table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(
-        title="simulation (times in seconds; FTF: JCT over run time alone)", padding=(0, 1)
-    )
+_TITLE = "simulation (times in seconds; FTF: JCT over run time alone)"
+
+
+def fitted_tables(rows: list[dict[str, Any]], console: Console) -> list[Table]:
+    """The results as one table, or split into several (each repeating workload and policy)
+    where one would not fit the console's width (80 columns when piped): never squeezed."""
+    groups: list[list[tuple[str, str, str]]] = [[]]
+    for column in _COLUMNS:
+        widened = _table(rows, [*groups[-1], column], _TITLE)
+        if groups[-1] and _width(widened, console) > console.width:
+            groups.append([column])
+        else:
+            groups[-1].append(column)
+    titles = [_TITLE] + ["simulation, continued" for _ in groups[1:]]
+    return [_table(rows, group, title) for group, title in zip(groups, titles, strict=True)]
+
+
+def _width(table: Table, console: Console) -> int:
+    """What `table` needs to show every cell whole (measured without the console's limit)."""
+    return Measurement.get(console, console.options.update_width(10_000), table).maximum
+
+
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]], title: str) -> Table:
+    table = Table(title=title, padding=(0, 1))
     table.add_column("workload", no_wrap=True)
     table.add_column("policy", no_wrap=True)
     table.add_column("jobs", justify="right")
-    for _, title, _ in _COLUMNS:
-        table.add_column(title, justify="right")
+    for _, heading, _ in columns:
+        table.add_column(heading, justify="right", no_wrap=True)
     for row in rows:
         table.add_row(
             row["workload"],
             row["policy"],
             str(row["jobs"]),
-            *(fmt.format(row[key]) for key, _, fmt in _COLUMNS),
+            *(fmt.format(row[key]) for key, _, fmt in columns),
         )
     return table

@@ -8,7 +8,8 @@ iteration's time is the slowest worker's, its split is rank 0's K-FAC step times
   factor exchange blocked after backward until every factor message has arrived
   inversion       eigendecompositions this worker computes
   broadcast       blocked until the decompositions other workers own have arrived
-  other           forward, backward, gradient all-reduce, preconditioning, SGD update
+  apply           preconditioning the gradients with the decompositions
+  other           forward, backward, gradient all-reduce, SGD update
 Variants: naive = every factor's message starts after backward, one per factor,
 round-robin inversion; pipelined+fused = messages start from the hooks, merged by the
 profiled plan; +balanced = the measured-cost placement; +balanced, ooo = the same
@@ -21,12 +22,20 @@ Training: the real runtime loop (`run_worker`) with the same workers, K-FAC and 
 (best of its learning rates), steps and seconds until the evaluation (every
 --eval-every iterations) reaches the target accuracy.
 
-    python -m benchmarks.kfac [--workers 4] [--iterations 20] [--ooo-first-k K] [--json]
+With `--device cuda` every worker has its own GPU (cuda:RANK, NCCL; `--workers` at most
+the GPUs there are, so one GPU measures one worker: its factor, inversion and apply split
+without the exchanges). Its kernels run synchronously (CUDA_LAUNCH_BLOCKING=1) so that
+the split's host-side timers measure the GPU's work; iteration times are then upper
+bounds.
+
+    python -m benchmarks.kfac [--workers 4] [--iterations 20] [--ooo-first-k K]
+                              [--device cpu|cuda] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -63,20 +72,37 @@ VARIANTS = {
 }
 # What the ooo row is also compared with: the same K-FAC on DDP.
 OOO_BASELINE = "pipelined+fused+balanced"
-SPLIT = ("factor_compute", "factor_exchange", "inversion", "broadcast")
+SPLIT = ("factor_compute", "factor_exchange", "inversion", "broadcast", "apply")
+
+
+def _device(args: argparse.Namespace, rank: int) -> torch.device:
+    return torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
+
+
+def _join_group(rank: int, world_size: int, args: argparse.Namespace) -> torch.device:
+    """On CUDA: this rank's GPU and an NCCL group (on CPU the gang's gloo group exists)."""
+    device = _device(args, rank)
+    if device.type == "cuda":
+        # Before the first CUDA call: every kernel completes before its launch returns.
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+        torch.cuda.set_device(device)
+        dist.init_process_group(
+            "nccl", init_method=args.init_method, rank=rank, world_size=world_size
+        )
+    return device
 
 
 def _timed_variant(
-    name: str, args: argparse.Namespace, batches: list[Any], rank: int
+    name: str, args: argparse.Namespace, batches: list[Any], rank: int, device: torch.device
 ) -> tuple[float, StepTimes, str]:
     """Seconds per timed iteration (slowest worker), rank 0's split (summed) and the
     layout it ran: messages per factor step, factors decomposed by every worker."""
     torch.manual_seed(0)
     context = TrialContext(
-        Hyperparameters(batch_size=args.batch_size), rank, args.workers, torch.device("cpu"), 0
+        Hyperparameters(batch_size=args.batch_size), rank, args.workers, device, 0
     )
     trial = load_trial(args.workload)(context)
-    model = trial.build_model()
+    model = trial.build_model().to(device)
     variant = VARIANTS[name]
     optimizer = KFACSGD(model, 0.01, settings=variant.settings, group=dist.new_group())
     # The runtime loop's schedules, driven as the loop drives them.
@@ -85,7 +111,9 @@ def _timed_variant(
         wrapped = model
         schedule = out_of_order(model, optimizer, args.ooo_first_k)
     else:
-        wrapped = DistributedDataParallel(model)
+        wrapped = DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
         schedule = StandardBackprop(optimizer)
     total = StepTimes()
     elapsed = 0.0
@@ -96,7 +124,9 @@ def _timed_variant(
         schedule.zero_grad()
         schedule.backward(trial.loss(wrapped, batch))
         schedule.step()
-        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         if i >= args.warmup:
             elapsed += float(seconds)
@@ -114,15 +144,14 @@ def _timed_variant(
 def _iteration_member(
     rank: int, world_size: int, args: argparse.Namespace
 ) -> list[tuple[str, float, StepTimes, str]]:
-    context = TrialContext(
-        Hyperparameters(batch_size=args.batch_size), rank, world_size, torch.device("cpu"), 0
-    )
+    device = _join_group(rank, world_size, args)
+    context = TrialContext(Hyperparameters(batch_size=args.batch_size), rank, world_size, device, 0)
     trial = load_trial(args.workload)(context)
     inputs, targets = trial.train_data()[:]
     local = context.per_rank_batch_size
     count = args.warmup + args.iterations
     batches = [
-        (inputs[start : start + local], targets[start : start + local])
+        (inputs[start : start + local].to(device), targets[start : start + local].to(device))
         for start in (
             ((i * world_size + rank) * local) % (len(inputs) - local) for i in range(count)
         )
@@ -132,7 +161,7 @@ def _iteration_member(
     for repeat in range(args.repeats):
         order = names[repeat % len(names) :] + names[: repeat % len(names)]
         for name in order:
-            timings.append((name, *_timed_variant(name, args, batches, rank)))
+            timings.append((name, *_timed_variant(name, args, batches, rank, device)))
     return timings
 
 
@@ -177,6 +206,7 @@ def _train(optimizer: str, learning_rate: float, args: argparse.Namespace) -> di
             target_metric={"name": "accuracy", "value": args.target},
             eval_every=args.eval_every,
             torch_threads=1,
+            device=str(_device(args, rank)),
         )
         for rank in range(args.workers)
     ]
@@ -200,7 +230,7 @@ def _train(optimizer: str, learning_rate: float, args: argparse.Namespace) -> di
 
 def _iteration_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
     timings: list[tuple[str, float, StepTimes, str]] = run_local_gang(
-        _iteration_member, args.workers, args
+        _iteration_member, args.workers, args, init_group=args.device == "cpu"
     )[0]
     medians = {
         name: statistics.median(s for n, s, _, _ in timings if n == name) for name in VARIANTS
@@ -270,12 +300,20 @@ def main() -> None:
     parser.add_argument("--kfac-lr", type=float, nargs="+", default=[0.1])
     parser.add_argument("--sgd-lr", type=float, nargs="+", default=[0.03, 0.1, 0.3])
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.workers < 1 or args.iterations < 1 or args.repeats < 1 or args.warmup < 3:
         parser.error("--workers, --iterations, --repeats must be >= 1 and --warmup >= 3")
-
-    emit(_iteration_rows(args), f"K-FAC iteration time, {args.workers} gloo workers", args.json)
+    if args.device == "cuda":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if args.workers > gpus:
+            parser.error(f"--device cuda: one GPU per worker, and there are {gpus}")
+    args.init_method = f"tcp://127.0.0.1:{free_port()}"
+    workers = (
+        f"{args.workers} {'NCCL workers on GPUs' if args.device == 'cuda' else 'gloo workers'}"
+    )
+    emit(_iteration_rows(args), f"K-FAC iteration time, {workers}", args.json)
     if not args.skip_training:
         emit(_training_rows(args), f"Steps and time to {args.target} accuracy", args.json)
 

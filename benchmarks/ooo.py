@@ -1,6 +1,7 @@
 """Out-of-order backprop against its baselines, side by side in one run.
 
-  * single-device: standard backward vs the deferred-dW schedule (one process, CPU);
+  * single-device: standard backward vs the deferred-dW schedule (one process, on the
+    CPU or, with `--device cuda`, on cuda:0: what one GPU can show);
   * data-parallel: DDP vs reverse first-k on `--workers` gloo processes, on a
     communication-heavy MLP (large layers, small per-rank batch);
   * pipeline: GPipe vs 1F1B vs zero-bubble on `--pipeline-stages` (4) gloo pipeline
@@ -18,7 +19,12 @@ descheduled), averaged over ranks. `cpu ms/it` is the CPU time of all processes
 (gloo's threads included) per iteration: the work a schedule costs, whatever overlaps;
 set against the machine's cores x `ms/it` it shows whether idle time could be used.
 
-    python -m benchmarks.ooo [--workers 4] [--pipeline-stages 4] [--repeats 3] [--json]
+With `--device cuda` only the single-device setting runs here: the data-parallel and
+pipeline settings need a GPU per process and NCCL, which this benchmark's gangs (gloo on
+CPU processes) do not set up; their CUDA paths are exercised by the GPU test lane.
+
+    python -m benchmarks.ooo [--workers 4] [--pipeline-stages 4] [--repeats 3]
+                             [--device cpu|cuda] [--json]
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from worker_agent.runtime.workloads.common import next_token_loss
 from worker_agent.runtime.workloads.nets import TransformerLM, TransformerPart
 
 VOCAB, SEQ = 512, 64
+_CPU = torch.device("cpu")
 
 
 class Sample(NamedTuple):
@@ -67,9 +74,9 @@ def _transformer(layers: int) -> TransformerLM:
     return TransformerLM(VOCAB, SEQ, d_model=128, n_heads=4, n_layers=layers)
 
 
-def _tokens(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _tokens(batch: int, device: torch.device = _CPU) -> tuple[torch.Tensor, torch.Tensor]:
     tokens = torch.randint(VOCAB, (batch, SEQ + 1), generator=torch.Generator().manual_seed(1))
-    return tokens[:, :-1], tokens[:, 1:]
+    return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
 def _lm_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -98,12 +105,13 @@ def _timed(iterations: int, step: Callable[[], None], finish: Callable[[], None]
 
 
 def _single_device(args: argparse.Namespace) -> Timings:
-    batch = _tokens(args.single_batch)
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    batch = _tokens(args.single_batch, device)
     timings: Timings = {"standard": [], "ooo": []}
     for repeat in range(args.repeats):
         order = ["standard", "ooo"] if repeat % 2 == 0 else ["ooo", "standard"]
         for name in order:
-            model = _transformer(4)
+            model = _transformer(4).to(device)
             optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
             schedule: BackpropSchedule = (
                 StandardBackprop(optimizer)
@@ -116,9 +124,15 @@ def _single_device(args: argparse.Namespace) -> Timings:
                 schedule.backward(_lm_loss(model, batch))
                 schedule.step()
 
+            def finish(schedule: BackpropSchedule = schedule) -> None:
+                schedule.flush()
+                if device.type == "cuda":  # the host only queued the GPU's work
+                    torch.cuda.synchronize(device)
+
             for _ in range(args.warmup):
                 step()
-            timings[name].append(_timed(args.iterations, step, schedule.flush))
+            finish()
+            timings[name].append(_timed(args.iterations, step, finish))
     return timings
 
 
@@ -269,8 +283,14 @@ def main() -> None:
         default=["single-device", "data-parallel", "pipeline"],
         choices=["single-device", "data-parallel", "pipeline"],
     )
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device here")
+        if set(args.settings) != {"single-device"}:
+            parser.error("--device cuda runs --settings single-device only (see the docstring)")
     if args.workers < 2 or args.repeats < 1 or args.iterations < 1:
         parser.error("need --workers >= 2, --repeats >= 1 and --iterations >= 1")
     if not 2 <= args.pipeline_stages <= args.pipeline_layers:
@@ -279,7 +299,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     if "single-device" in args.settings:
         torch.set_num_threads(1)
-        rows += _rows("single-device (cpu)", "standard", _single_device(args), 1)
+        setting = f"single-device ({'cuda:0' if args.device == 'cuda' else 'cpu'})"
+        rows += _rows(setting, "standard", _single_device(args), 1)
     if "data-parallel" in args.settings:
         rows += _rows(
             "data-parallel", "ddp", _gang(args.workers, _data_parallel, args), args.workers

@@ -19,8 +19,20 @@ accuracy and the character transformer to validation loss 1.9, from the same see
 full backprop and each configuration (and one with rotating roles); steps and rank 0's
 training seconds, as ratios to full backprop.
 
+One device (`--one-device`, implied by `--device cuda`): what one GPU can show without a
+gang. In one process on cuda:0 (or the CPU), a full worker and the partial worker of each
+configuration (`--workers` sets how many workers the configuration spreads over) run the
+forward and backward of a ResNet-50-sized CNN (bottleneck blocks 3-4-6-3, 224x224 images)
+and a BERT-base-sized transformer (12 layers, 768 wide, 128 tokens); `--small` takes the
+CPU workloads instead. Per configuration: the partial worker's backward, its forward plus
+backward summed over the configuration's workers, and its peak memory (parameters,
+gradients, and the allocator's peak over the step: `torch.cuda.max_memory_allocated` on
+a GPU), each as a ratio to the full worker's. No exchange: bytes and iteration time need
+one device per worker.
+
     python -m benchmarks.spb [--workers 4] [--rounds 3] [--iterations 10] [--no-target]
                              [--plot docs/spb-tradeoff.png] [--json]
+    python -m benchmarks.spb --device cuda [--workers 4] [--rounds 3] [--small] [--json]
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from benchmarks.harness import emit
+from benchmarks.spb_device import one_device_rows
 from scheduler import spb
 from scheduler.jobspec import Hyperparameters, SPBConfig, TargetMetric
 from worker_agent.runtime.gang import run_local_gang
@@ -330,8 +343,22 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations a round")
     parser.add_argument("--no-target", action="store_true", help="skip the time-to-target part")
     parser.add_argument("--plot", type=Path, help="also draw the trade-off into this PNG")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument(
+        "--one-device", action="store_true", help="one process, no gang (implied by cuda)"
+    )
+    parser.add_argument(
+        "--small", action="store_true", help="one device: the CPU workloads, not the large ones"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.device == "cuda" or args.one_device:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            parser.error("--device cuda: torch sees no CUDA device here")
+        device = torch.device("cuda", 0) if args.device == "cuda" else _CPU
+        rows = one_device_rows(CONFIGS, device, args.workers, args.rounds, args.small)
+        emit(rows, f"SPB's partial worker vs a full one, on {device}", args.json)
+        return
     rows = _iteration_rows(args.workers, args.rounds, args.iterations)
     emit(rows, f"SPB vs DDP per iteration, {args.workers} gloo workers on CPU", args.json)
     targets = [] if args.no_target else _target_rows(args.workers)

@@ -16,10 +16,15 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import update
 
+from api.cli import sparkline
 from api.client import ApiError, JigsawClient
 from api.credentials import Credentials, load_credentials, resolve, save_credentials
 from api.server import free_port
+from scheduler.db import make_engine, session_factory, transaction
+from scheduler.models.metrics import record
+from scheduler.orm import Job
 from scheduler.settings import APISettings, Settings
 from tests.servers import JIGSAW, TERMINAL, Server, clean_env, jigsaw_up
 
@@ -110,6 +115,34 @@ def test_submit_list_show_and_run_to_success(server: Server, tmp_path: Path) -> 
     assert "e2e-success" in cli(server.home, "job", str(job_id)).stdout
     filtered = cli_json(server.home, "jobs", "--state", "QUEUED", "--state", "RUNNING")
     assert job_id not in [item["id"] for item in filtered["items"]]
+
+
+def test_job_shows_its_latest_metrics_and_a_loss_sparkline(server: Server, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "job.yaml", name="e2e-metrics")
+    job_id = cli_json(server.home, "submit", str(spec))["id"]
+    assert wait_for_state(server, job_id, TERMINAL)["state"] == "SUCCEEDED"
+    assert "no metrics reported yet" in cli(server.home, "job", str(job_id)).stdout
+    # What an agent's reports leave in the database (simulated nodes report none).
+    engine = make_engine(Settings(home=server.home).database_url)
+    try:
+        with transaction(session_factory(engine)) as session:
+            record(
+                session,
+                (
+                    {"job_id": job_id, "iteration": i, "loss": 2.0 / i, "step_seconds": 0.25}
+                    for i in range(1, 41)
+                ),
+            )
+            session.execute(update(Job).where(Job.id == job_id).values(metrics={"accuracy": 0.93}))
+    finally:
+        engine.dispose()
+    shown = cli(server.home, "job", str(job_id)).stdout
+    assert "evaluation" in shown and "accuracy 0.93" in shown
+    assert "iteration 40, loss 0.05, step 0.250 s" in shown
+    (loss,) = [line for line in shown.splitlines() if line.startswith("loss")]
+    bars = sparkline([2.0 / i for i in range(1, 41)])
+    assert bars.startswith("█▄▃") and bars.endswith("▁") and len(bars) == 40
+    assert loss.split()[1:] == ["2", bars, "0.05"]
 
 
 def test_cancel(server: Server, tmp_path: Path) -> None:
@@ -361,6 +394,7 @@ def test_client_errors_and_retries() -> None:
 
 def test_demo_trains_every_job_to_success_on_two_real_agents(tmp_path: Path) -> None:
     """The README's demo command, as a user runs it (minus the install)."""
+    pytest.importorskip("torch")  # the train extra (not in the control-plane subset)
     result = cli(tmp_path, "demo", "--home", str(tmp_path / "demo"), check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = result.stdout[result.stdout.rindex("summary") :]
@@ -373,6 +407,7 @@ def test_demo_trains_every_job_to_success_on_two_real_agents(tmp_path: Path) -> 
 
 
 def test_profile_measures_stores_and_refuses_bad_input(server: Server, tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # the train extra (not in the control-plane subset)
     result = cli(
         server.home,
         "profile",
@@ -391,11 +426,13 @@ def test_profile_measures_stores_and_refuses_bad_input(server: Server, tmp_path:
     assert all(stage["parameter_bytes"] > 0 for stage in profile["stages"])
     (stored,) = json.loads(cli(server.home, "profiles", "--json").stdout)["items"]
     assert stored["workload"] == "digits-cnn" and stored["profile"]["stages"] == profile["stages"]
+    assert profile["device_kind"] == "cpu" and stored["key"] == "cpu/batch-16"
     for args, words in [
         (["no-such-workload"], "unknown workload"),
         (["digits-cnn", "--stages", "9"], "only 3 layers"),
         (["digits-cnn", "--workers", "8", "--batch-size", "4"], "smaller than --workers"),
         (["digits-cnn", "--efficiency", "--target", "accuracy=0.9"], "NAME>=VALUE"),
+        (["digits-cnn", "--device", "gpu"], "write cpu, cuda or cuda:N"),
     ]:
         refused = cli(tmp_path, "profile", *args, check=False)
         assert refused.returncode == 2 and words in refused.stderr, refused.stderr

@@ -149,6 +149,24 @@ def test_cli_compares_policies_as_json_and_writes_plots(tmp_path: Path) -> None:
     ]
 
 
+def test_cli_table_fits_80_columns_when_piped(tmp_path: Path) -> None:
+    path = write(tmp_path, HEADER + "a,0,2,100,1\nb,5,1,50,1\nc,7,1,500,1\n")
+    result = subprocess.run(
+        [*JIGSAW, "simulate", "--workload", str(path), "--policies", "fifo,jigsaw",
+         "--cluster", "1x2"],
+        env=clean_env(tmp_path, COLUMNS="80"), capture_output=True, text=True, timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in result.stdout, result.stdout
+    headings = " ".join(line for line in lines if line.startswith("┃"))
+    for heading in ("JCT avg", "p99", "makespan", "util", "eff", "wait", "FTF max", "reconf"):
+        assert f" {heading} " in headings, result.stdout
+    # Every split repeats who the row is.
+    assert sum(line.startswith("│ jobs") and " fifo " in line for line in lines) >= 2
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

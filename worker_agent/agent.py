@@ -9,7 +9,6 @@ randomized exponential backoff; a refused token is fatal.
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import queue
 import random
@@ -19,7 +18,9 @@ from collections.abc import Iterator
 
 import grpc
 
-from worker_agent.gpus import GpuSlot, discover
+from worker_agent import __version__
+from worker_agent.diagnosis import log_diagnosis
+from worker_agent.gpus import GpuSlot, discover, probe_cuda
 from worker_agent.outbox import Outbox
 from worker_agent.proto.jigsaw.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.settings import AgentSettings
@@ -28,7 +29,8 @@ from worker_agent.supervisor import Supervisor, json_object
 
 logger = logging.getLogger(__name__)
 
-AGENT_VERSION = importlib.metadata.version("jigsaw")
+# From the package itself: the agent also runs from a checkout that was never pip-installed.
+AGENT_VERSION = __version__
 # A wrong token or a request the scheduler can never accept: redialing will not help.
 _FATAL_CODES = frozenset(
     {
@@ -55,7 +57,10 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
 
     Raises AgentRejected when the scheduler refuses the agent's token or registration.
     """
-    slots = discover(settings.gpus)
+    # `--gpus N` serves virtual slots: no child spends seconds importing torch to probe CUDA.
+    probe = probe_cuda() if settings.gpus == "auto" else None
+    slots = discover(settings.gpus, probe)
+    log_diagnosis(settings, slots, probe)
     logger.info(
         "node %s offers %d GPU slot(s): %s",
         settings.node_name,

@@ -9,7 +9,10 @@ rank 0's training steps only, not process start-up or evaluations.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 from scheduler import spb
 from scheduler.jobspec import Hyperparameters, SPBConfig, TargetMetric
@@ -105,25 +108,44 @@ def measure_profile(
     repeats: int,
     target: TargetMetric | None,
     max_iterations: int,
+    device: torch.device | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> SPBProfile:
-    """`profile_workload`, and with a `target` the steps ratio of each configuration in
-    `PRICED_CONFIGS` from real training runs (`run_to_target`)."""
+    """`profile_workload` on `device` (default CPU), and with a `target` the steps ratio of
+    each configuration in `PRICED_CONFIGS` from real training runs (`run_to_target`, on CPU
+    processes: steps to a target do not depend on the device). `on_phase` hears each phase
+    begin, for progress."""
+    announce = on_phase or (lambda _: None)
+    announce("per-stage costs")
     costs = profile_workload(
-        workload, workers=workers, hyperparameters=hyperparameters, stages=stages, repeats=repeats
+        workload,
+        workers=workers,
+        hyperparameters=hyperparameters,
+        stages=stages,
+        repeats=repeats,
+        device=device,
     )
     if target is None:
         return costs
-    runs = [
-        run_to_target(
-            workload,
-            config,
-            workers=workers,
-            hyperparameters=hyperparameters,
-            target=target,
-            max_iterations=max_iterations,
-            eval_every=10,
-            stages=stages,
+    runs = []
+    for config in (None, *PRICED_CONFIGS):
+        shape = f"spb {spb.config_key(config)}" if config else "full backprop"
+        announce(f"training to {target.name}, {shape}")
+        runs.append(
+            run_to_target(
+                workload,
+                config,
+                workers=workers,
+                hyperparameters=hyperparameters,
+                target=target,
+                max_iterations=max_iterations,
+                eval_every=10,
+                stages=stages,
+            )
         )
-        for config in (None, *PRICED_CONFIGS)
-    ]
     return dataclasses.replace(costs, steps_ratio=steps_ratios(runs))
+
+
+def phases(target: TargetMetric | None) -> int:
+    """How many phases `measure_profile` announces."""
+    return 1 if target is None else 1 + 1 + len(PRICED_CONFIGS)
