@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -80,23 +81,52 @@ def list_jobs(
     return [(job, name) for job, name in rows], total
 
 
+# What a user may do to a job, and from which states. Narrower than the state machine,
+# whose edges also serve the scheduler: RUNNING -> QUEUED is its requeue of a job whose
+# agent died, never a user's resume of a running job.
+class UserAction(NamedTuple):
+    target: JobState
+    sources: frozenset[JobState]
+    message: str  # the job's message and its event's
+
+
+USER_ACTIONS: dict[str, UserAction] = {
+    "cancel": UserAction(
+        JobState.CANCELLED,
+        frozenset(state for state in JobState if not state.terminal),
+        "cancelled",
+    ),
+    "suspend": UserAction(JobState.SUSPENDED, frozenset({JobState.RUNNING}), "suspended"),
+    "resume": UserAction(JobState.QUEUED, frozenset({JobState.SUSPENDED}), "resumed"),
+}
+
+
+def act(session: Session, job: Job, action: str, actor: Principal) -> Job:
+    """Apply a user's action to a job, or raise IllegalTransition (nothing changes)."""
+    target, sources, message = USER_ACTIONS[action]
+    return transition(
+        session, job, target, actor=actor.user_name, message=message, only_from=sources
+    )
+
+
 def cancel(session: Session, job: Job, actor: Principal) -> Job:
     """Cancel a job in any non-terminal state (raises IllegalTransition otherwise).
 
     The scheduler releases the job's GPUs and stops its workers on its next round.
     """
-    return transition(session, job, JobState.CANCELLED, actor=actor.user_name, message="cancelled")
+    return act(session, job, "cancel", actor)
 
 
 def suspend(session: Session, job: Job, actor: Principal) -> Job:
     """Suspend a RUNNING job: on its next round the scheduler has its workers checkpoint
     at the next iteration boundary and frees its GPUs."""
-    return transition(session, job, JobState.SUSPENDED, actor=actor.user_name, message="suspended")
+    return act(session, job, "suspend", actor)
 
 
 def resume(session: Session, job: Job, actor: Principal) -> Job:
-    """Queue a SUSPENDED job again; it continues from its checkpoint wherever it lands."""
-    return transition(session, job, JobState.QUEUED, actor=actor.user_name, message="resumed")
+    """Queue a SUSPENDED job again (only a suspended one); it continues from its
+    checkpoint wherever it lands."""
+    return act(session, job, "resume", actor)
 
 
 def logs(session: Session, job_id: int, *, after_id: int = 0, limit: int = 1000) -> list[JobLog]:
