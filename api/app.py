@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from api import dashboard, errors, observability
+from api.guards import RequestGuard
 from api.routes import cluster, health, jobs, profiles, scheduler
 from scheduler.db import engine_from_settings, session_factory
 from scheduler.models.users import TokenVerifier
@@ -23,6 +24,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = session_factory(app.state.engine)
     app.state.tokens = TokenVerifier(app.state.session_factory, settings.api.auth_cache_seconds)
     errors.install(app)
+    # Middleware added later wraps what was added before: the guard runs inside the
+    # metrics (its refusals are counted) and before any route reads a body.
+    app.add_middleware(
+        RequestGuard, tokens=app.state.tokens, max_body_bytes=settings.api.max_body_bytes
+    )
     app.state.metrics = observability.install(app)
     # The scheduler leader in this process (api/server.py) reports through it.
     app.state.telemetry = app.state.metrics.scheduler

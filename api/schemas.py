@@ -255,7 +255,7 @@ class RoundPage(BaseModel):
 
 
 class StageProfileIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     forward_seconds: float = Field(ge=0, description="Forward time of the stage.")
     backward_input_seconds: float = Field(ge=0, description="Input-gradient (dX) time.")
@@ -267,7 +267,7 @@ class StageProfileIn(BaseModel):
 class ProfileIn(BaseModel):
     """A workload's per-stage costs (`jigsaw profile --save` sends one)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     per_worker_batch: int = Field(ge=1, description="Batch size of one worker.")
     stages: list[StageProfileIn] = Field(min_length=1, max_length=1024)

@@ -82,6 +82,17 @@ class APISettings(BaseSettings):
         description="How long a verified token is trusted without asking the database "
         "again; a revoked token stops working within this time (0 = check every request).",
     )
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="Largest request body the API reads; a larger one gets 413 unread.",
+    )
+    refuse_unplaceable: bool = Field(
+        default=True,
+        description="Refuse (422) a job asking for more GPUs than the cluster has ever "
+        "registered; when false it is queued and carries a pending reason until the "
+        "capacity comes.",
+    )
 
 
 class SchedulerSettings(BaseSettings):
