@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
@@ -29,6 +28,7 @@ from rich.table import Table
 from api.client import ApiError, JigsawClient
 from api.credentials import resolve
 from api.simulate import simulate
+from api.specfile import SpecFileError, read_spec_file
 from scheduler.jobspec import Hyperparameters, JobSpec, TargetMetric, checked_workload
 from scheduler.settings import Settings
 from scheduler.states import JobState
@@ -163,44 +163,12 @@ def _progress(job: dict[str, Any]) -> str:
 # -- job spec files -------------------------------------------------------------------
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """YAML 1.2 booleans: only true/false, so `spb: off` stays the string "off"."""
-
-
-_BOOL_TAG = "tag:yaml.org,2002:bool"
-_SpecLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_SpecLoader.add_implicit_resolver(
-    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-
 def load_spec_file(path: Path) -> Any:
     """The parsed file (JSON for `.json`, YAML otherwise); exit 2 with the reason if not."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        _fail(f"{path}: no such file", EXIT_BAD_INPUT)
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"{path}: cannot read: {exc}", EXIT_BAD_INPUT)
-    try:
-        if path.suffix.lower() == ".json":
-            return json.loads(text)
-        return yaml.load(text, Loader=_SpecLoader)
-    except json.JSONDecodeError as exc:
-        _fail(
-            f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-            EXIT_BAD_INPUT,
-        )
-    except yaml.YAMLError as exc:
-        where = ""
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1}, column {mark.column + 1})"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        _fail(f"{path}: not valid YAML: {problem}{where}", EXIT_BAD_INPUT)
+        return read_spec_file(path)
+    except SpecFileError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
@@ -749,7 +717,7 @@ def token_create(
         _fail("give exactly one of --user NAME or --agent", EXIT_BAD_INPUT)
     if agent and admin:
         _fail("--admin applies to user tokens only", EXIT_BAD_INPUT)
-    if user is not None and not _USER_NAME.match(user):
+    if user is not None and not _USER_NAME.fullmatch(user):
         _fail(
             f"invalid user name {user!r}: 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from api.cli import load_spec_file, validate_spec
 from api.client import ApiError, JigsawClient
 from api.credentials import Credentials, load_credentials, resolve, save_credentials
 from api.server import free_port
@@ -209,6 +210,50 @@ def test_bad_spec_exits_2_with_field_paths(tmp_path: Path) -> None:
     result = cli(tmp_path, "submit", str(broken), check=False)
     assert result.returncode == 2 and "not valid YAML" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_spec_files_are_read_strictly(tmp_path: Path) -> None:
+    """Duplicate keys, deep nesting and coerced types exit 2 naming the problem; YAML
+    1.2 numbers such as 1e-3 are numbers."""
+    duplicated_yaml = tmp_path / "dup.yaml"
+    duplicated_yaml.write_text("name: a\nworkload: digits-mlp\nmax_iterations: 5\nname: b\n")
+    duplicated_json = tmp_path / "dup.json"
+    duplicated_json.write_text(
+        '{"name": "a", "workload": "digits-mlp", "max_iterations": 5,'
+        ' "hyperparameters": {"batch_size": 8, "batch_size": 16}}'
+    )
+    deep_yaml = tmp_path / "deep.yaml"
+    deep_yaml.write_text("name: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    deep_json = tmp_path / "deep.json"
+    deep_json.write_text('{"name": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    quoted = write_spec(tmp_path / "quoted.yaml", workers='"2"')
+    boolean = write_spec(tmp_path / "bool.yaml", workers="true")
+    newline = tmp_path / "newline.json"
+    newline.write_text(json.dumps({"name": "job\n", "workload": "a:B\n", "max_iterations": 5}))
+    metric = write_spec(tmp_path / "metric.yaml", target_metric="{name: perplexity, value: 2}")
+    for spec, needles in (
+        (duplicated_yaml, ["duplicate key 'name'", "line 4"]),
+        (duplicated_json, ["hyperparameters.batch_size: duplicate key 'batch_size'"]),
+        (deep_yaml, ["nested deeper than"]),
+        (deep_json, ["nested deeper than"]),
+        (quoted, ["workers: Input should be a valid integer"]),
+        (boolean, ["workers: Input should be a valid integer"]),
+        (newline, ["name: must start with", "workload: unknown workload"]),
+        (metric, ["target_metric: workload 'digits-mlp' reports no metric 'perplexity'"]),
+    ):
+        result = cli(tmp_path, "submit", str(spec), check=False)
+        assert result.returncode == 2, (spec.name, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr[-2000:]
+        for needle in needles:
+            assert needle in " ".join(result.stderr.split()), (spec.name, result.stderr)
+
+    numbers = write_spec(
+        tmp_path / "numbers.yaml",
+        hyperparameters="{batch_size: 64, learning_rate: 1e-3}",
+        target_metric="{name: accuracy, value: 1}",
+    )
+    spec = validate_spec(numbers, load_spec_file(numbers))
+    assert spec.hyperparameters.learning_rate == 0.001 and spec.target_metric is not None
 
 
 def test_unreachable_api_is_a_clean_error(tmp_path: Path) -> None:
