@@ -151,6 +151,11 @@ def _when(value: Any) -> str:
     return f"{moment.astimezone().strftime('%Y-%m-%d %H:%M:%S')} ({_ago(value)})"
 
 
+def _reason(job: dict[str, Any]) -> str:
+    """Why a waiting job cannot be placed ("" when nothing stops it)."""
+    return str(job.get("pending_reason") or "")
+
+
 def _progress(job: dict[str, Any]) -> str:
     done = job.get("iterations_done", 0)
     spec = job.get("spec") or {}
@@ -400,7 +405,7 @@ def list_jobs(
             str(job.get("id")),
             escape(str(job.get("name"))),
             escape(str(job.get("owner"))),
-            _state(str(job.get("state"))),
+            _state(str(job.get("state"))) + (" [yellow]![/]" if _reason(job) else ""),
             str(job.get("workers")),
             _progress(job),
             str(job.get("priority")),
@@ -408,6 +413,9 @@ def list_jobs(
             _ago(job.get("created_at")),
         )
     out.print(table)
+    for job in items:
+        if reason := _reason(job):
+            out.print(f"[yellow]![/] job {job.get('id')} cannot start: {escape(reason)}")
     footer = f"{len(items)} of {page.get('total', len(items))} job(s)"
     if page.get("next_after"):
         footer += f"; next page: jigsaw jobs --after {page['next_after']}"
@@ -437,6 +445,7 @@ def show_job(
         ("job", f"{job.get('id')} ({escape(str(job.get('name')))})"),
         ("owner", escape(str(job.get("owner")))),
         ("state", _state(str(job.get("state")))),
+        *([("cannot start", f"[yellow]{escape(reason)}[/]")] if (reason := _reason(job)) else []),
         ("message", escape(str(job.get("message") or "-"))),
         ("workload", escape(str(spec.get("workload", "-")))),
         ("workers", str(job.get("workers"))),

@@ -19,6 +19,10 @@ class JobOut(BaseModel):
     workers: int
     state: str
     message: str
+    pending_reason: str | None = Field(
+        description="Why this waiting job cannot be placed: no capacity of the cluster "
+        "can hold it (null while it could be, or is not waiting)."
+    )
     attempts: int
     failures: int = Field(description="Crashes of its training processes so far.")
     iterations_done: int
@@ -40,6 +44,7 @@ class JobOut(BaseModel):
             workers=job.workers,
             state=job.state,
             message=job.message,
+            pending_reason=job.pending_reason,
             attempts=job.attempts,
             failures=job.failures,
             iterations_done=job.iterations_done,
@@ -230,9 +235,9 @@ class RoundOut(BaseModel):
     counts: dict[str, int]
     decisions: list[dict[str, Any]] = Field(
         description='`{"kind", "job_id", ...details}` each, in the order made. Kinds: '
-        "lease, launch_refused, suspend, stop, requeue, release, agent_lost, and whatever "
-        "a policy adds (pack, reconfigure, ...). Decisions on other users' jobs show "
-        "only their kind."
+        "lease, launch_refused, suspend, stop, requeue, release, agent_lost, unplaceable, "
+        "reconfigure, and whatever a policy adds (pack, ...). Decisions on other users' "
+        "jobs show only their kind."
     )
     error: str | None
 

@@ -122,7 +122,8 @@ def transition(
     if not _allowed(current, target, only_from):
         raise IllegalTransition(job.id, current, target, only_from)
     now = utcnow()
-    values: dict[str, Any] = {"state": target.value, "updated_at": now}
+    # A pending reason explains one wait; the scheduler states it again if it still holds.
+    values: dict[str, Any] = {"state": target.value, "updated_at": now, "pending_reason": None}
     if message:
         values["message"] = message
     if target is JobState.RUNNING and job.started_at is None:

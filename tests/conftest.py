@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -107,7 +108,16 @@ class LiveApi:
 
 
 @pytest.fixture
-def live_api(engine: Engine, db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
+def live_api_settings() -> dict[str, Any]:
+    """Settings sections live_api's app gets besides its database; a test changes them
+    with `@pytest.mark.parametrize("live_api_settings", [{"api": APISettings(...)}])`."""
+    return {}
+
+
+@pytest.fixture
+def live_api(
+    engine: Engine, db_url: str, tmp_path: Path, live_api_settings: dict[str, Any]
+) -> Iterator[LiveApi]:
     """The real app under uvicorn on a loopback port, with users alice, bob and root."""
     from api.app import create_app
 
@@ -119,7 +129,7 @@ def live_api(engine: Engine, db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
             for name, admin in (("alice", False), ("bob", False), ("root", True))
         }
         agent = issue_token(session, scope=AGENT_SCOPE)
-    settings = Settings(home=tmp_path, database=DatabaseSettings(url=db_url))
+    settings = Settings(home=tmp_path, database=DatabaseSettings(url=db_url), **live_api_settings)
     app = create_app(settings)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")

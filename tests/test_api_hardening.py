@@ -15,7 +15,10 @@ import pytest
 from sqlalchemy import func, select, update
 
 from scheduler.db import session_factory
-from scheduler.orm import Event, Job
+from scheduler.dispatch import SimulatedDispatcher
+from scheduler.loop import SchedulerService
+from scheduler.orm import GPU, Agent, Event, Job, Node
+from scheduler.settings import APISettings, SchedulerSettings
 from scheduler.states import TERMINAL, JobState
 from tests.conftest import LiveApi
 
@@ -289,3 +292,49 @@ def test_duplicate_keys_and_deep_nesting_are_422(live_api: LiveApi) -> None:
             assert response.status_code == 422, (depth, response.text[:200])
             assert "nested deeper" in response.json()["error"]["message"]
         assert alice.get("/v1/jobs").json()["total"] == 0
+
+
+# -- item 11: a job no capacity can hold ----------------------------------------------------
+
+
+def _register_gpus(live_api: LiveApi, count: int) -> None:
+    with session_factory(live_api.engine)() as session, session.begin():
+        node = Node(name="node-a")
+        session.add(node)
+        session.flush()
+        session.add_all(
+            GPU(node_id=node.id, index=i, kind="H100", memory_bytes=80 << 30) for i in range(count)
+        )
+        session.add(Agent(node_id=node.id, version="1"))
+
+
+def test_a_job_larger_than_every_registered_gpu_is_refused(live_api: LiveApi) -> None:
+    with live_api.client(live_api.alice) as alice:
+        _submit(alice, workers=8)  # no GPU registered yet: the cluster's size is unknown
+        _register_gpus(live_api, 4)
+        response = alice.post("/v1/jobs", json={**SPEC, "workers": 8})
+        assert response.status_code == 422
+        [detail] = response.json()["error"]["details"]
+        assert detail["loc"] == "workers"
+        assert detail["message"].startswith("needs 8 GPUs; the cluster has registered 4")
+        assert _submit(alice, workers=4)["pending_reason"] is None
+        assert alice.get("/v1/jobs").json()["total"] == 2
+
+
+@pytest.mark.parametrize("live_api_settings", [{"api": APISettings(refuse_unplaceable=False)}])
+def test_with_refusal_off_it_waits_with_its_reason_shown(live_api: LiveApi) -> None:
+    _register_gpus(live_api, 4)
+    with live_api.client(live_api.alice) as alice:
+        job = _submit(alice, workers=8)
+        factory = session_factory(live_api.engine)
+        SchedulerService(factory, SimulatedDispatcher(10), SchedulerSettings()).run_round()
+        shown = alice.get(f"/v1/jobs/{job['id']}").json()
+        assert shown["state"] == "QUEUED"
+        assert shown["pending_reason"] == (
+            "needs 8 GPUs; the largest gang this cluster can form is 4"
+        )
+        assert alice.get("/v1/jobs").json()["items"][0]["pending_reason"] == shown["pending_reason"]
+        events = alice.get(f"/v1/jobs/{job['id']}/events").json()["items"]
+        assert [e["message"] for e in events if e["kind"] == "pending"] == [shown["pending_reason"]]
+        cancelled = alice.post(f"/v1/jobs/{job['id']}/cancel").json()
+        assert cancelled["pending_reason"] is None  # it no longer waits

@@ -71,9 +71,11 @@ def write_spec(path: Path, **overrides: Any) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("jigsaw-home")
+    # Oversized jobs are queued (not refused), so that one can show why it waits.
     with jigsaw_up(
-        home, "--simulated-nodes", "2", "--gpus-per-node", "4", "--sim-speed", "200"
-    ) as s:
+        home, "--simulated-nodes", "2", "--gpus-per-node", "4", "--sim-speed", "200",
+        JIGSAW_API_REFUSE_UNPLACEABLE="false",
+    ) as s:  # fmt: skip
         yield s
 
 
@@ -133,6 +135,22 @@ def test_cancel(server: Server, tmp_path: Path) -> None:
             break
         assert time.monotonic() < deadline, "cancelled job still holds GPUs"
         time.sleep(0.2)
+
+
+def test_a_job_no_capacity_can_hold_shows_why(server: Server, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "big.yaml", name="e2e-big", workers=16)
+    job_id = cli_json(server.home, "submit", str(spec))["id"]
+    reason = "needs 16 GPUs; the largest gang this cluster can form is 8"
+    deadline = time.monotonic() + 30
+    while cli_json(server.home, "job", str(job_id))["job"]["pending_reason"] != reason:
+        assert time.monotonic() < deadline, "no pending reason"
+        time.sleep(0.2)
+    shown = " ".join(cli(server.home, "job", str(job_id)).stdout.split())
+    assert f"cannot start {reason}" in shown
+    assert "pending" in shown  # its event
+    listed = " ".join(cli(server.home, "jobs").stdout.split())
+    assert f"job {job_id} cannot start: {reason}" in listed
+    assert cli_json(server.home, "cancel", str(job_id))["state"] == "CANCELLED"
 
 
 def test_cluster(server: Server) -> None:

@@ -43,9 +43,24 @@ def _owned(session: Session, job_id: int, viewer: Principal) -> Job:
 
 
 @router.post("", status_code=201)
-def submit_job(spec: JobSpec, user: User, factory: Factory) -> JobOut:
-    """Queue a job; it belongs to the caller."""
+def submit_job(request: Request, spec: JobSpec, user: User, factory: Factory) -> JobOut:
+    """Queue a job; it belongs to the caller. One asking for more GPUs than the cluster
+    has ever registered is refused (422) unless settings.api.refuse_unplaceable is off;
+    a job that waits because no capacity can hold it says why in `pending_reason`."""
     with transaction(factory) as session:
+        if request.app.state.settings.api.refuse_unplaceable:
+            registered = job_models.gpus_registered(session)
+            # No GPU registered yet: the cluster is starting, its size unknown.
+            if 0 < registered < spec.workers:
+                message = (
+                    f"needs {spec.workers} GPUs; the cluster has registered {registered} "
+                    "in all (JIGSAW_API_REFUSE_UNPLACEABLE=false queues such jobs anyway)"
+                )
+                raise ApiProblem(
+                    422,
+                    f"invalid request: workers: {message}",
+                    [{"loc": "workers", "message": message}],
+                )
         job = job_models.submit(session, spec, user)
         return JobOut.of(job, user.user_name)
 
