@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from api import dashboard, errors, observability
 from api.guards import RequestGuard
@@ -14,7 +15,8 @@ from scheduler.settings import Settings, get_settings
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    app = FastAPI(
+    # /docs and /redoc from files in the package: no CDN, so they work offline.
+    app = FastAPIOffline(
         title="JigSaw",
         version="1",
         description="Iteration-level GPU cluster scheduler for deep-learning training.",

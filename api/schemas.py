@@ -10,6 +10,47 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from scheduler.orm import Allocation, Event, Job, JobLog, ModelProfile, SchedulerRound
 
 
+class ErrorDetail(BaseModel):
+    loc: str = Field(description="The field: `workers`, `query.owner`, `path`, `body`...")
+    message: str
+
+
+class ErrorInfo(BaseModel):
+    status: int
+    message: str
+    details: list[ErrorDetail] = Field(description="One per invalid field (422).")
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers (api/errors.py)."""
+
+    error: ErrorInfo
+
+
+_ERROR_MEANINGS = {
+    400: "The body could not be parsed.",
+    401: "No bearer token, or an invalid or revoked one.",
+    403: "The token may not do this (an agent token, or a non-admin).",
+    404: "No such job or profile, or not the caller's.",
+    409: "The job's state does not allow this action; nothing changed.",
+    413: "The body is larger than settings.api.max_body_bytes; it was not read.",
+    422: "Invalid input: `details` names each field (a NUL character, a NaN, a duplicate "
+    "key, a value of the wrong type...).",
+    503: "The database is unreachable or its schema is behind.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, each with the error body."""
+    return {
+        status: {"model": ErrorBody, "description": _ERROR_MEANINGS[status]} for status in statuses
+    }
+
+
+# Any /v1 route may answer these: the guard (api/guards.py) checks every request.
+V1_ERRORS = error_responses(401, 403, 413, 422)
+
+
 class JobOut(BaseModel):
     id: int
     name: str

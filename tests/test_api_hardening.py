@@ -6,6 +6,7 @@ keys, deep nesting and coerced types. Real uvicorn on loopback, SQLite and Postg
 from __future__ import annotations
 
 import json
+import re
 import socket
 from typing import Any
 from urllib.parse import urlsplit
@@ -338,3 +339,48 @@ def test_with_refusal_off_it_waits_with_its_reason_shown(live_api: LiveApi) -> N
         assert [e["message"] for e in events if e["kind"] == "pending"] == [shown["pending_reason"]]
         cancelled = alice.post(f"/v1/jobs/{job['id']}/cancel").json()
         assert cancelled["pending_reason"] is None  # it no longer waits
+
+
+# -- item 12: docs offline, the schema says what the API does -------------------------------
+
+
+def test_docs_are_served_offline(live_api: LiveApi) -> None:
+    with live_api.client(None) as anonymous:
+        for page in ("/docs", "/redoc"):
+            html = anonymous.get(page)
+            assert html.status_code == 200
+            assert "http://" not in html.text and "https://" not in html.text, page
+            for asset in re.findall(r'(?:src|href)="([^"]+)"', html.text):
+                assert anonymous.get(asset).status_code == 200, asset
+
+
+def test_openapi_declares_bearer_auth_and_every_error(live_api: LiveApi) -> None:
+    openapi = httpx.get(f"{live_api.base_url}/openapi.json").json()
+    assert openapi["components"]["securitySchemes"] == {
+        "HTTPBearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A token from `jigsaw token create`.",
+        }
+    }
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    for path, operations in openapi["paths"].items():
+        if not path.startswith("/v1/"):
+            continue
+        for method, operation in operations.items():
+            assert operation["security"] == [{"HTTPBearer": []}], (method, path)
+            responses = operation["responses"]
+            for status in ("401", "403", "413", "422"):
+                schema = responses[status]["content"]["application/json"]["schema"]
+                assert schema == error_body, (method, path, status)
+    jobs = openapi["paths"]["/v1/jobs/{job_id}/resume"]["post"]["responses"]
+    assert {"404", "409"} <= set(jobs)
+    assert "400" in openapi["paths"]["/v1/jobs"]["post"]["responses"]
+
+
+def test_method_not_allowed_names_every_method_of_the_path(live_api: LiveApi) -> None:
+    with live_api.client(live_api.alice) as alice:
+        response = alice.delete("/v1/jobs")
+        assert response.status_code == 405
+        assert response.headers["allow"] == "GET, POST"
+        assert alice.request("OPTIONS", "/v1/profiles/x").headers["allow"] == "GET, PUT"
