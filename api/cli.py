@@ -753,7 +753,7 @@ _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 
 
 def _parse_target(text: str) -> TargetMetric:
-    match = _TARGET.match(text)
+    match = _TARGET.fullmatch(text)
     if match is None:
         _fail(f"--target {text!r}: write NAME>=VALUE or NAME<=VALUE, e.g. accuracy>=0.9", 2)
     name, operator, value = match.groups()
