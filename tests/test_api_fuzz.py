@@ -19,6 +19,9 @@ schema = schemathesis.openapi.from_dict(
 )
 
 
+_FRAMING = {"content-length", "transfer-encoding", "host", "connection", "expect"}
+
+
 @schema.parametrize()
 @settings(
     max_examples=25,
@@ -26,6 +29,11 @@ schema = schemathesis.openapi.from_dict(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 def test_api_conforms_to_its_schema(case: schemathesis.Case, live_api: LiveApi) -> None:
+    # Undocumented headers are fuzzed too, but a bogus Content-Length or Transfer-Encoding
+    # breaks the HTTP framing itself: uvicorn answers 400 in plain text before any app.
+    for name in list(case.headers or {}):
+        if name.lower() in _FRAMING:
+            del case.headers[name]
     case.call_and_validate(
         base_url=live_api.base_url,
         headers={"Authorization": f"Bearer {live_api.root}"},
