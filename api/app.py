@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from api import dashboard, errors, observability
+from api.guards import RequestGuard
 from api.routes import cluster, health, jobs, nodes, profiles, scheduler, tokens
 from scheduler.db import engine_from_settings, session_factory
 from scheduler.models.users import TokenVerifier
@@ -13,7 +15,8 @@ from scheduler.settings import Settings, get_settings
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    app = FastAPI(
+    # /docs and /redoc from files in the package: no CDN, so they work offline.
+    app = FastAPIOffline(
         title="JigSaw",
         version="1",
         description="Iteration-level GPU cluster scheduler for deep-learning training.",
@@ -23,6 +26,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = session_factory(app.state.engine)
     app.state.tokens = TokenVerifier(app.state.session_factory, settings.api.auth_cache_seconds)
     errors.install(app)
+    # Middleware added later wraps what was added before: the guard runs inside the
+    # metrics (its refusals are counted) and before any route reads a body.
+    app.add_middleware(
+        RequestGuard, tokens=app.state.tokens, max_body_bytes=settings.api.max_body_bytes
+    )
     app.state.metrics = observability.install(app)
     # The scheduler leader in this process (api/server.py) reports through it.
     app.state.telemetry = app.state.metrics.scheduler

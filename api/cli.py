@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
@@ -37,6 +36,7 @@ from rich.table import Table
 from api.client import ApiError, JigsawClient
 from api.credentials import resolve
 from api.simulate import simulate
+from api.specfile import SpecFileError, read_spec_file
 from scheduler.jobspec import Hyperparameters, JobSpec, TargetMetric, checked_workload
 from scheduler.settings import Settings
 from scheduler.states import JobState
@@ -166,6 +166,11 @@ def _when(value: Any) -> str:
     return f"{moment.astimezone().strftime('%Y-%m-%d %H:%M:%S')} ({_ago(value)})"
 
 
+def _reason(job: dict[str, Any]) -> str:
+    """Why a waiting job cannot be placed ("" when nothing stops it)."""
+    return str(job.get("pending_reason") or "")
+
+
 def _progress(job: dict[str, Any]) -> str:
     done = job.get("iterations_done", 0)
     spec = job.get("spec") or {}
@@ -223,44 +228,12 @@ def _metric_rows(job: dict[str, Any], points: list[dict[str, Any]]) -> list[tupl
 # -- job spec files -------------------------------------------------------------------
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """YAML 1.2 booleans: only true/false, so `spb: off` stays the string "off"."""
-
-
-_BOOL_TAG = "tag:yaml.org,2002:bool"
-_SpecLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL_TAG]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_SpecLoader.add_implicit_resolver(
-    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
-)
-
-
 def load_spec_file(path: Path) -> Any:
     """The parsed file (JSON for `.json`, YAML otherwise); exit 2 with the reason if not."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        _fail(f"{path}: no such file", EXIT_BAD_INPUT)
-    except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"{path}: cannot read: {exc}", EXIT_BAD_INPUT)
-    try:
-        if path.suffix.lower() == ".json":
-            return json.loads(text)
-        return yaml.load(text, Loader=_SpecLoader)
-    except json.JSONDecodeError as exc:
-        _fail(
-            f"{path}: not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})",
-            EXIT_BAD_INPUT,
-        )
-    except yaml.YAMLError as exc:
-        where = ""
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1}, column {mark.column + 1})"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        _fail(f"{path}: not valid YAML: {problem}{where}", EXIT_BAD_INPUT)
+        return read_spec_file(path)
+    except SpecFileError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
 
 
 def _format_loc(loc: tuple[Any, ...]) -> str:
@@ -492,7 +465,7 @@ def list_jobs(
             str(job.get("id")),
             escape(str(job.get("name"))),
             escape(str(job.get("owner"))),
-            _state(str(job.get("state"))),
+            _state(str(job.get("state"))) + (" [yellow]![/]" if _reason(job) else ""),
             str(job.get("workers")),
             _progress(job),
             str(job.get("priority")),
@@ -500,6 +473,9 @@ def list_jobs(
             _ago(job.get("created_at")),
         )
     out.print(table)
+    for job in items:
+        if reason := _reason(job):
+            out.print(f"[yellow]![/] job {job.get('id')} cannot start: {escape(reason)}")
     footer = f"{len(items)} of {page.get('total', len(items))} job(s)"
     if page.get("next_after"):
         footer += f"; next page: jigsaw jobs --after {page['next_after']}"
@@ -530,6 +506,7 @@ def show_job(
         ("job", f"{job.get('id')} ({escape(str(job.get('name')))})"),
         ("owner", escape(str(job.get("owner")))),
         ("state", _state(str(job.get("state")))),
+        *([("cannot start", f"[yellow]{escape(reason)}[/]")] if (reason := _reason(job)) else []),
         ("message", escape(str(job.get("message") or "-"))),
         ("workload", escape(str(spec.get("workload", "-")))),
         ("workers", str(job.get("workers"))),
@@ -983,7 +960,7 @@ _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 
 
 def _parse_target(text: str) -> TargetMetric:
-    match = _TARGET.match(text)
+    match = _TARGET.fullmatch(text)
     if match is None:
         _fail(f"--target {text!r}: write NAME>=VALUE or NAME<=VALUE, e.g. accuracy>=0.9", 2)
     name, operator, value = match.groups()

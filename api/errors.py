@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from scheduler.states import IllegalTransition
 
@@ -78,6 +79,21 @@ def _validation_details(exc: RequestValidationError) -> list[dict[str, Any]]:
     return details
 
 
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def _methods_of(request: Request) -> list[str]:
+    """Every method some route serves at this request's path."""
+    return [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL
+            for route in request.app.router.routes
+        )
+    ]
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiProblem)
     async def _problem(_request: Request, exc: ApiProblem) -> JSONResponse:
@@ -94,10 +110,15 @@ def install(app: FastAPI) -> None:
         return error_response(409, str(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Unknown routes: the path may be long or odd, so it is not echoed back.
         message = str(exc.detail) if exc.status_code != 404 else "not found"
-        return error_response(exc.status_code, message, headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # Starlette names only the first route of the path; GET and POST /v1/jobs
+            # are two routes.
+            headers["Allow"] = ", ".join(_methods_of(request))
+        return error_response(exc.status_code, message, headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

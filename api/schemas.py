@@ -12,6 +12,47 @@ from scheduler.models.users import USER_NAME_PATTERN, TokenInfo
 from scheduler.orm import Allocation, Event, Job, JobLog, ModelProfile, SchedulerRound
 
 
+class ErrorDetail(BaseModel):
+    loc: str = Field(description="The field: `workers`, `query.owner`, `path`, `body`...")
+    message: str
+
+
+class ErrorInfo(BaseModel):
+    status: int
+    message: str
+    details: list[ErrorDetail] = Field(description="One per invalid field (422).")
+
+
+class ErrorBody(BaseModel):
+    """Every error the API answers (api/errors.py)."""
+
+    error: ErrorInfo
+
+
+_ERROR_MEANINGS = {
+    400: "The body could not be parsed.",
+    401: "No bearer token, or an invalid or revoked one.",
+    403: "The token may not do this (an agent token, or a non-admin).",
+    404: "No such job or profile, or not the caller's.",
+    409: "The job's state does not allow this action; nothing changed.",
+    413: "The body is larger than settings.api.max_body_bytes; it was not read.",
+    422: "Invalid input: `details` names each field (a NUL character, a NaN, a duplicate "
+    "key, a value of the wrong type...).",
+    503: "The database is unreachable or its schema is behind.",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses, each with the error body."""
+    return {
+        status: {"model": ErrorBody, "description": _ERROR_MEANINGS[status]} for status in statuses
+    }
+
+
+# Any /v1 route may answer these: the guard (api/guards.py) checks every request.
+V1_ERRORS = error_responses(401, 403, 413, 422)
+
+
 class JobOut(BaseModel):
     id: int
     name: str
@@ -21,6 +62,10 @@ class JobOut(BaseModel):
     workers: int
     state: str
     message: str
+    pending_reason: str | None = Field(
+        description="Why this waiting job cannot be placed: no capacity of the cluster "
+        "can hold it (null while it could be, or is not waiting)."
+    )
     attempts: int
     failures: int = Field(description="Crashes of its training processes so far.")
     iterations_done: int
@@ -42,6 +87,7 @@ class JobOut(BaseModel):
             workers=job.workers,
             state=job.state,
             message=job.message,
+            pending_reason=job.pending_reason,
             attempts=job.attempts,
             failures=job.failures,
             iterations_done=job.iterations_done,
@@ -238,9 +284,9 @@ class RoundOut(BaseModel):
     counts: dict[str, int]
     decisions: list[dict[str, Any]] = Field(
         description='`{"kind", "job_id", ...details}` each, in the order made. Kinds: '
-        "lease, launch_refused, suspend, stop, requeue, release, agent_lost, and whatever "
-        "a policy adds (pack, reconfigure, ...). Decisions on other users' jobs show "
-        "only their kind."
+        "lease, launch_refused, suspend, stop, requeue, release, agent_lost, unplaceable, "
+        "reconfigure, and whatever a policy adds (pack, ...). Decisions on other users' "
+        "jobs show only their kind."
     )
     error: str | None
 
@@ -263,7 +309,7 @@ class RoundPage(BaseModel):
 
 
 class StageProfileIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     forward_seconds: float = Field(ge=0, description="Forward time of the stage.")
     backward_input_seconds: float = Field(ge=0, description="Input-gradient (dX) time.")
@@ -275,7 +321,7 @@ class StageProfileIn(BaseModel):
 class ProfileIn(BaseModel):
     """A workload's per-stage costs (`jigsaw profile --save` sends one)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     per_worker_batch: int = Field(ge=1, description="Batch size of one worker.")
     stages: list[StageProfileIn] = Field(min_length=1, max_length=1024)

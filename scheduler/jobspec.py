@@ -1,7 +1,9 @@
 """The job spec users submit (JSON over HTTP, YAML or JSON files in the CLI).
 
 Unknown fields are refused everywhere (`extra="forbid"`), so a typo never silently
-becomes a default; pydantic reports the field path of every error.
+becomes a default; types are strict (`"workers": "2"` or `true` is refused, not
+coerced) and floats finite (NaN reaches no database and no worker); pydantic reports
+the field path of every error.
 """
 
 from __future__ import annotations
@@ -36,15 +38,28 @@ BUILTIN_PIPELINE_STAGES: dict[str, int] = {
     "text-transformer": 2,
     "transformer-synthetic": 2,
 }
+# The metrics each built-in workload's evaluation reports, so that a target metric it
+# never reports is refused at submission, not found out after a launch; a test checks
+# them against the trials' evaluations.
+_CLASSIFICATION_METRICS = frozenset({"accuracy", "loss"})
+_LANGUAGE_MODEL_METRICS = frozenset({"loss", "perplexity"})
+BUILTIN_METRICS: dict[str, frozenset[str]] = {
+    "digits-mlp": _CLASSIFICATION_METRICS,
+    "digits-cnn": _CLASSIFICATION_METRICS,
+    "text-transformer": _LANGUAGE_MODEL_METRICS,
+    "resnet-synthetic": _CLASSIFICATION_METRICS,
+    "transformer-synthetic": _LANGUAGE_MODEL_METRICS,
+}
 
-# `package.module:ClassName` of a user trial.
+# `package.module:ClassName` of a user trial. Both are used with fullmatch: `$` alone
+# also matches before a trailing newline.
 _TRIAL_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def checked_workload(value: str) -> str:
     """`value` if it names a built-in workload or a `package.module:Class` trial."""
-    if value in BUILTIN_WORKLOADS or _TRIAL_REF.match(value):
+    if value in BUILTIN_WORKLOADS or _TRIAL_REF.fullmatch(value):
         return value
     raise ValueError(
         f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
@@ -53,7 +68,7 @@ def checked_workload(value: str) -> str:
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Hyperparameters(StrictModel):
@@ -163,7 +178,7 @@ class JobSpec(StrictModel):
     @field_validator("name", "queue")
     @classmethod
     def _simple_name(cls, value: str) -> str:
-        if not _NAME.match(value):
+        if not _NAME.fullmatch(value):
             raise ValueError(
                 "must start with a letter or digit and hold only letters, digits, '.', '_', '-'"
             )
@@ -173,6 +188,19 @@ class JobSpec(StrictModel):
     @classmethod
     def _known_workload(cls, value: str) -> str:
         return checked_workload(value)
+
+    @field_validator("target_metric")
+    @classmethod
+    def _metric_is_reported(
+        cls, target: TargetMetric | None, info: ValidationInfo
+    ) -> TargetMetric | None:
+        reported = BUILTIN_METRICS.get(info.data.get("workload", ""))
+        if target is not None and reported is not None and target.name not in reported:
+            raise ValueError(
+                f"workload {info.data['workload']!r} reports no metric {target.name!r}: "
+                f"its evaluation reports {sorted(reported)}"
+            )
+        return target
 
     @field_validator("pipeline")
     @classmethod

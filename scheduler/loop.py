@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler import rounds
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
+from scheduler.models import jobs as job_models
 from scheduler.models.nodes import DRAINED_MESSAGE, on_drained_node
 from scheduler.models.rounds import prune_rounds, record_round
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
@@ -136,6 +137,7 @@ class SchedulerService:
         requeued += self._requeue_drained()
         with transaction(self._factory) as session:
             snapshot = build_snapshot(session, now)
+        self._explain_waits(snapshot, now)
         plan = self._policy(snapshot)
         suspended, stopped = self._end_runs(plan, now)
         reconfigured = self._reconfigure(plan.reconfigure, now)
@@ -412,6 +414,22 @@ class SchedulerService:
         return len(requeued)
 
     # -- 4. the plan ----------------------------------------------------------------
+
+    def _explain_waits(self, snapshot: ClusterSnapshot, now: datetime) -> None:
+        """Give every waiting job that no capacity of the cluster can hold its reason,
+        shown by the API, CLI and dashboard (a job asking for 8 GPUs of a 4-GPU cluster
+        would otherwise wait forever saying nothing); clear it once it could be placed."""
+        largest = sum(len(node.gpus) for node in snapshot.nodes if node.alive and node.schedulable)
+        reasons = {
+            job.id: job_models.unplaceable_reason(job.workers, largest)
+            for job in snapshot.jobs
+            if job.waiting
+        }
+        with transaction(self._factory) as session:
+            changed = job_models.set_pending_reasons(session, reasons, actor=ACTOR, now=now)
+        for job_id in changed:
+            if reasons.get(job_id):
+                self._decide(rounds.UNPLACEABLE, job_id, reason=reasons[job_id])
 
     def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:
         """Suspend and stop what the policy asked, releasing those jobs' GPUs."""

@@ -168,6 +168,9 @@ class Job(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(16))
     message: Mapped[str] = mapped_column(Text, default="")
+    # Why a waiting job cannot be placed (no capacity of the cluster can hold it), set by
+    # the scheduler loop each round; NULL otherwise. Every transition clears it.
+    pending_reason: Mapped[str | None] = mapped_column(String(255), default=None)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # Crashes of its training processes so far; retried while below spec.max_retries.
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

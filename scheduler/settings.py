@@ -84,6 +84,17 @@ class APISettings(BaseSettings):
         "streams) within this time, on the revoking replica at once (0 = check every "
         "request).",
     )
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        description="Largest request body the API reads; a larger one gets 413 unread.",
+    )
+    refuse_unplaceable: bool = Field(
+        default=True,
+        description="Refuse (422) a job asking for more GPUs than the cluster has ever "
+        "registered; when false it is queued and carries a pending reason until the "
+        "capacity comes.",
+    )
 
 
 class SchedulerSettings(BaseSettings):

@@ -11,6 +11,7 @@ never both win, and writes an Event row in the same transaction.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from enum import StrEnum
 from typing import Any
 
@@ -73,17 +74,31 @@ ALLOWED: dict[JobState, frozenset[JobState]] = {
 
 
 class IllegalTransition(Exception):
-    """The requested transition is not an edge of the state machine from the job's state."""
+    """The requested transition is not an edge of the state machine from the job's state,
+    or not one the caller allows (`only_from`)."""
 
-    def __init__(self, job_id: int, current: JobState, target: JobState) -> None:
+    def __init__(
+        self,
+        job_id: int,
+        current: JobState,
+        target: JobState,
+        only_from: Collection[JobState] | None = None,
+    ) -> None:
         self.job_id = job_id
         self.current = current
         self.target = target
-        super().__init__(f"job {job_id} is {current.value}; it cannot become {target.value}")
+        message = f"job {job_id} is {current.value}; it cannot become {target.value}"
+        if only_from is not None and current not in only_from:
+            message += " here (only from " + ", ".join(sorted(s.value for s in only_from)) + ")"
+        super().__init__(message)
 
 
 def can_transition(current: JobState, target: JobState) -> bool:
     return target in ALLOWED[current]
+
+
+def _allowed(current: JobState, target: JobState, only_from: Collection[JobState] | None) -> bool:
+    return can_transition(current, target) and (only_from is None or current in only_from)
 
 
 def transition(
@@ -94,17 +109,21 @@ def transition(
     actor: str,
     message: str = "",
     data: dict[str, Any] | None = None,
+    only_from: Collection[JobState] | None = None,
 ) -> Job:
     """Move `job` to `target`, or raise IllegalTransition; records an Event.
 
-    The job row is re-read under the compare-and-set, so a stale `job` object from an
-    earlier query cannot overwrite a newer state.
+    `only_from` narrows the edges this caller may take: a user's resume is SUSPENDED ->
+    QUEUED only, although RUNNING -> QUEUED is an edge (the scheduler requeues a job
+    whose agent died). The job row is re-read under the compare-and-set, so a stale
+    `job` object from an earlier query cannot overwrite a newer state.
     """
     current = JobState(job.state)
-    if not can_transition(current, target):
-        raise IllegalTransition(job.id, current, target)
+    if not _allowed(current, target, only_from):
+        raise IllegalTransition(job.id, current, target, only_from)
     now = utcnow()
-    values: dict[str, Any] = {"state": target.value, "updated_at": now}
+    # A pending reason explains one wait; the scheduler states it again if it still holds.
+    values: dict[str, Any] = {"state": target.value, "updated_at": now, "pending_reason": None}
     if message:
         values["message"] = message
     if target is JobState.RUNNING and job.started_at is None:
@@ -121,9 +140,11 @@ def transition(
         # Somebody else moved the job first: report against the state they left.
         session.refresh(job)
         fresh = JobState(job.state)
-        if can_transition(fresh, target):
-            return transition(session, job, target, actor=actor, message=message, data=data)
-        raise IllegalTransition(job.id, fresh, target)
+        if _allowed(fresh, target, only_from):
+            return transition(
+                session, job, target, actor=actor, message=message, data=data, only_from=only_from
+            )
+        raise IllegalTransition(job.id, fresh, target, only_from)
     session.add(
         Event(
             job_id=job.id,

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -104,7 +105,16 @@ class LiveApi:
 
 
 @pytest.fixture
-def live_api(engine: Engine, db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
+def live_api_settings() -> dict[str, Any]:
+    """Settings sections live_api's app gets besides its database; a test changes them
+    with `@pytest.mark.parametrize("live_api_settings", [{"api": APISettings(...)}])`."""
+    return {}
+
+
+@pytest.fixture
+def live_api(
+    engine: Engine, db_url: str, tmp_path: Path, live_api_settings: dict[str, Any]
+) -> Iterator[LiveApi]:
     """The real app under uvicorn on a loopback port, with users alice, bob and root."""
     from api.app import create_app
 
@@ -116,7 +126,7 @@ def live_api(engine: Engine, db_url: str, tmp_path: Path) -> Iterator[LiveApi]:
             for name, admin in (("alice", False), ("bob", False), ("root", True))
         }
         agent = issue_token(session, scope=AGENT_SCOPE)
-    settings = Settings(home=tmp_path, database=DatabaseSettings(url=db_url))
+    settings = Settings(home=tmp_path, database=DatabaseSettings(url=db_url), **live_api_settings)
     app = create_app(settings)
     try:
         with serve_app(app) as url:

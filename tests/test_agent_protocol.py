@@ -156,6 +156,8 @@ def test_calls_without_a_cluster_token_are_refused_and_change_nothing(
     [
         (pb.RegisterRequest(node_name="", agent_version="x"), "not a DNS name"),
         (pb.RegisterRequest(node_name="bad name!", agent_version="x"), "not a DNS name"),
+        # `$` alone would accept it, and it would show as a second `local-0`.
+        (pb.RegisterRequest(node_name="local-0\n", agent_version="x"), "not a DNS name"),
         (
             pb.RegisterRequest(
                 node_name="node-a",

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import update
 
-from api.cli import sparkline
+from api.cli import load_spec_file, sparkline, validate_spec
 from api.client import ApiError, JigsawClient
 from api.credentials import Credentials, load_credentials, resolve, save_credentials
 from api.server import free_port
@@ -76,9 +76,11 @@ def write_spec(path: Path, **overrides: Any) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("jigsaw-home")
+    # Oversized jobs are queued (not refused), so that one can show why it waits.
     with jigsaw_up(
-        home, "--simulated-nodes", "2", "--gpus-per-node", "4", "--sim-speed", "200"
-    ) as s:
+        home, "--simulated-nodes", "2", "--gpus-per-node", "4", "--sim-speed", "200",
+        JIGSAW_API_REFUSE_UNPLACEABLE="false",
+    ) as s:  # fmt: skip
         yield s
 
 
@@ -166,6 +168,22 @@ def test_cancel(server: Server, tmp_path: Path) -> None:
             break
         assert time.monotonic() < deadline, "cancelled job still holds GPUs"
         time.sleep(0.2)
+
+
+def test_a_job_no_capacity_can_hold_shows_why(server: Server, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path / "big.yaml", name="e2e-big", workers=16)
+    job_id = cli_json(server.home, "submit", str(spec))["id"]
+    reason = "needs 16 GPUs; the largest gang this cluster can form is 8"
+    deadline = time.monotonic() + 30
+    while cli_json(server.home, "job", str(job_id))["job"]["pending_reason"] != reason:
+        assert time.monotonic() < deadline, "no pending reason"
+        time.sleep(0.2)
+    shown = " ".join(cli(server.home, "job", str(job_id)).stdout.split())
+    assert f"cannot start {reason}" in shown
+    assert "pending" in shown  # its event
+    listed = " ".join(cli(server.home, "jobs").stdout.split())
+    assert f"job {job_id} cannot start: {reason}" in listed
+    assert cli_json(server.home, "cancel", str(job_id))["state"] == "CANCELLED"
 
 
 def test_cluster(server: Server) -> None:
@@ -285,6 +303,50 @@ def test_bad_spec_exits_2_with_field_paths(tmp_path: Path) -> None:
     result = cli(tmp_path, "submit", str(broken), check=False)
     assert result.returncode == 2 and "not valid YAML" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_spec_files_are_read_strictly(tmp_path: Path) -> None:
+    """Duplicate keys, deep nesting and coerced types exit 2 naming the problem; YAML
+    1.2 numbers such as 1e-3 are numbers."""
+    duplicated_yaml = tmp_path / "dup.yaml"
+    duplicated_yaml.write_text("name: a\nworkload: digits-mlp\nmax_iterations: 5\nname: b\n")
+    duplicated_json = tmp_path / "dup.json"
+    duplicated_json.write_text(
+        '{"name": "a", "workload": "digits-mlp", "max_iterations": 5,'
+        ' "hyperparameters": {"batch_size": 8, "batch_size": 16}}'
+    )
+    deep_yaml = tmp_path / "deep.yaml"
+    deep_yaml.write_text("name: " + "[" * 50_000 + "]" * 50_000 + "\n")
+    deep_json = tmp_path / "deep.json"
+    deep_json.write_text('{"name": ' + "[" * 50_000 + "]" * 50_000 + "}")
+    quoted = write_spec(tmp_path / "quoted.yaml", workers='"2"')
+    boolean = write_spec(tmp_path / "bool.yaml", workers="true")
+    newline = tmp_path / "newline.json"
+    newline.write_text(json.dumps({"name": "job\n", "workload": "a:B\n", "max_iterations": 5}))
+    metric = write_spec(tmp_path / "metric.yaml", target_metric="{name: perplexity, value: 2}")
+    for spec, needles in (
+        (duplicated_yaml, ["duplicate key 'name'", "line 4"]),
+        (duplicated_json, ["hyperparameters.batch_size: duplicate key 'batch_size'"]),
+        (deep_yaml, ["nested deeper than"]),
+        (deep_json, ["nested deeper than"]),
+        (quoted, ["workers: Input should be a valid integer"]),
+        (boolean, ["workers: Input should be a valid integer"]),
+        (newline, ["name: must start with", "workload: unknown workload"]),
+        (metric, ["target_metric: workload 'digits-mlp' reports no metric 'perplexity'"]),
+    ):
+        result = cli(tmp_path, "submit", str(spec), check=False)
+        assert result.returncode == 2, (spec.name, result.stderr)
+        assert "Traceback" not in result.stderr, result.stderr[-2000:]
+        for needle in needles:
+            assert needle in " ".join(result.stderr.split()), (spec.name, result.stderr)
+
+    numbers = write_spec(
+        tmp_path / "numbers.yaml",
+        hyperparameters="{batch_size: 64, learning_rate: 1e-3}",
+        target_metric="{name: accuracy, value: 1}",
+    )
+    spec = validate_spec(numbers, load_spec_file(numbers))
+    assert spec.hyperparameters.learning_rate == 0.001 and spec.target_metric is not None
 
 
 def test_unreachable_api_is_a_clean_error(tmp_path: Path) -> None:

@@ -60,6 +60,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     with jigsaw_up(
         tmp_path, "--local-agents", "1", "--gpus-per-agent", "2",
         JIGSAW_SCHEDULER_ROUND_SECONDS="0.2",
+        JIGSAW_API_REFUSE_UNPLACEABLE="false",  # an oversized job waits, saying why
     ) as up:  # fmt: skip
         yield up
 
@@ -166,6 +167,16 @@ def test_every_page_loads_and_follows_a_training_job(server: Server, browser: ob
         "data-points", re.compile(r"^[1-9]\d*$")
     )
     shoot("scheduler")
+
+    # A job no capacity can hold says why, in the jobs table and on its page.
+    big = api.post("/v1/jobs", json={**spec, "name": "dash-big", "workers": 4}).json()["id"]
+    reason = "needs 4 GPUs; the largest gang this cluster can form is 2"
+    page.goto(f"{server.url}/ui/#/jobs")
+    expect(page.locator(f"#jobs tr[data-job='{big}'] .pending-reason")).to_have_text(reason)
+    page.goto(f"{server.url}/ui/#/jobs/{big}")
+    expect(page.locator(".facts .pending-reason")).to_have_text(reason)
+    shoot("job-pending")
+    api.post(f"/v1/jobs/{big}/cancel")
 
     # Cancelling from the job page, then signing out.
     page.goto(f"{server.url}/ui/#/jobs/{job_id}")

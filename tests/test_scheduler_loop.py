@@ -473,3 +473,34 @@ def test_a_policy_reconfigures_a_running_job_once_per_change(
     assert event.data["spb"] == half and event.data["iteration"] == 5
     assert [job.spb for job in seen[-1].jobs if job.id == running] == [half]
     assert state(factory, queued) is JobState.QUEUED
+
+
+def test_a_job_no_capacity_can_hold_says_why_until_it_can_be_placed(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 4})
+    big, small = add_job(factory, 8), add_job(factory, 2)
+    loop, _ = service(factory)
+
+    for _ in range(3):
+        loop.run_round(T0)
+    reason = "needs 8 GPUs; the largest gang this cluster can form is 4"
+    with factory() as session:
+        assert session.get_one(Job, big).pending_reason == reason
+        assert session.get_one(Job, small).pending_reason is None
+    assert state(factory, small) is JobState.RUNNING  # the big job blocks nobody
+    # One event when the reason appeared, not one per round.
+    assert [(e.job_id, e.message) for e in events(factory, "pending")] == [(big, reason)]
+
+    add_nodes(factory, {"b": 4})
+    loop.run_round(T0)
+    with factory() as session:
+        assert session.get_one(Job, big).pending_reason is None
+    # Placed once a/b free up enough: the 2-GPU job still holds two of a's.
+    assert state(factory, big) is JobState.QUEUED
+    with transaction(factory) as session:
+        cancel(session, session.get_one(Job, small), Principal("user", None, "alice", False))
+    loop.run_round(T0)
+    loop.run_round(T0)
+    assert state(factory, big) is JobState.RUNNING
+    assert len(held_gpus(factory, big)) == 8

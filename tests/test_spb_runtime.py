@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from scheduler import spb
-from scheduler.jobspec import BUILTIN_PARAMETER_LAYERS, Hyperparameters, SPBConfig
+from scheduler.jobspec import BUILTIN_METRICS, BUILTIN_PARAMETER_LAYERS, Hyperparameters, SPBConfig
 from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.control import LocalController
@@ -47,6 +47,14 @@ def test_builtin_layer_counts_match_the_models() -> None:
     for workload, layers in BUILTIN_PARAMETER_LAYERS.items():
         model = _trial(workload).build_model()
         assert len(stage_cuts.parameter_layers(model)) == layers, workload
+
+
+def test_builtin_metric_names_match_the_evaluations() -> None:
+    # Submission refuses a target metric outside BUILTIN_METRICS; it must be what the
+    # workload's evaluation really reports.
+    for workload, metrics in BUILTIN_METRICS.items():
+        trial = _trial(workload)
+        assert set(trial.evaluate(trial.build_model())) == metrics, workload
 
 
 def test_derived_stages_balance_parameters_and_refuse_impossible_cuts() -> None:

@@ -94,3 +94,27 @@ def test_stale_object_cannot_overwrite_newer_state(factory: sessionmaker[Session
         assert session.scalar(select(Job.state).where(Job.id == job_id)) == "CANCELLED"
         count = session.scalar(select(func.count()).where(Event.job_id == job_id))
         assert count == 2
+
+
+def test_a_resume_that_loses_a_race_to_a_relaunch_does_not_restart_the_job(
+    factory: sessionmaker[Session],
+) -> None:
+    """A user resumes a job read as SUSPENDED that the scheduler has meanwhile put back
+    to RUNNING: RUNNING -> QUEUED is an edge (the scheduler's requeue), but not one a
+    resume may take, even on the compare-and-set's retry."""
+    with factory() as session, session.begin():
+        job = _new_job(session)
+        for state in (JobState.SCHEDULED, JobState.RUNNING, JobState.SUSPENDED):
+            transition(session, job, state, actor="test")
+        job_id = job.id
+    with factory() as api:
+        stale = api.get_one(Job, job_id)
+        api.commit()
+        with factory() as scheduler, scheduler.begin():
+            transition(scheduler, scheduler.get_one(Job, job_id), JobState.RUNNING, actor="s")
+        with api.begin(), pytest.raises(IllegalTransition) as info:
+            transition(api, stale, JobState.QUEUED, actor="alice", only_from={JobState.SUSPENDED})
+        assert info.value.current is JobState.RUNNING
+        assert "only from SUSPENDED" in str(info.value)
+    with factory() as session:
+        assert session.scalar(select(Job.state).where(Job.id == job_id)) == "RUNNING"

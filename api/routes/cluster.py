@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from api.deps import Factory, User
-from api.schemas import ClusterOut, ClusterTotals, GPUOut, HolderOut, NodeOut, WhoAmI
+from api.schemas import V1_ERRORS, ClusterOut, ClusterTotals, GPUOut, HolderOut, NodeOut, WhoAmI
 from scheduler.db import transaction
 from scheduler.models.cluster import Holder, capacity, cluster_view
 from scheduler.models.efficiency import cluster_efficiency
@@ -13,7 +13,7 @@ from scheduler.models.jobs import count_by_state
 from scheduler.models.users import Principal
 from scheduler.states import JobState
 
-router = APIRouter(prefix="/v1", tags=["cluster"])
+router = APIRouter(prefix="/v1", tags=["cluster"], responses=V1_ERRORS)
 
 
 def _holder(holder: Holder, viewer: Principal) -> HolderOut:

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from api.errors import error_response
+from api.schemas import error_responses
 from scheduler.migrate import is_up_to_date
 
 router = APIRouter(tags=["health"])
@@ -17,7 +18,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", response_model=None)
+@router.get("/readyz", response_model=None, responses=error_responses(503))
 def readyz(request: Request) -> JSONResponse | dict[str, str]:
     """The database answers and its schema is at the head revision."""
     try:

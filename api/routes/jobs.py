@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 from api.deps import Factory, User
 from api.errors import ApiProblem
 from api.schemas import (
+    V1_ERRORS,
     AllocationOut,
     AllocationPage,
     EventOut,
@@ -20,6 +21,7 @@ from api.schemas import (
     LogPage,
     MetricPoint,
     MetricSeries,
+    error_responses,
 )
 from scheduler.db import transaction
 from scheduler.jobspec import JobSpec
@@ -29,7 +31,10 @@ from scheduler.models.users import Principal
 from scheduler.orm import Job
 from scheduler.states import JobState
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=V1_ERRORS)
+
+_NOT_FOUND = error_responses(404)
+_ACTION_ERRORS = error_responses(404, 409)
 
 # Ids are BIGINT: anything larger cannot exist, and must not reach the database driver.
 JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="Job id.")]
@@ -42,10 +47,25 @@ def _owned(session: Session, job_id: int, viewer: Principal) -> Job:
     return job
 
 
-@router.post("", status_code=201)
-def submit_job(spec: JobSpec, user: User, factory: Factory) -> JobOut:
-    """Queue a job; it belongs to the caller."""
+@router.post("", status_code=201, responses=error_responses(400))
+def submit_job(request: Request, spec: JobSpec, user: User, factory: Factory) -> JobOut:
+    """Queue a job; it belongs to the caller. One asking for more GPUs than the cluster
+    has ever registered is refused (422) unless settings.api.refuse_unplaceable is off;
+    a job that waits because no capacity can hold it says why in `pending_reason`."""
     with transaction(factory) as session:
+        if request.app.state.settings.api.refuse_unplaceable:
+            registered = job_models.gpus_registered(session)
+            # No GPU registered yet: the cluster is starting, its size unknown.
+            if 0 < registered < spec.workers:
+                message = (
+                    f"needs {spec.workers} GPUs; the cluster has registered {registered} "
+                    "in all (JIGSAW_API_REFUSE_UNPLACEABLE=false queues such jobs anyway)"
+                )
+                raise ApiProblem(
+                    422,
+                    f"invalid request: workers: {message}",
+                    [{"loc": "workers", "message": message}],
+                )
         job = job_models.submit(session, spec, user)
         return JobOut.of(job, user.user_name)
 
@@ -86,14 +106,14 @@ def list_jobs(
     return JobPage(items=items, total=total, next_after=next_after)
 
 
-@router.get("/{job_id}")
+@router.get("/{job_id}", responses=_NOT_FOUND)
 def get_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
     with transaction(factory) as session:
         job = _owned(session, job_id, user)
         return JobOut.of(job, job.owner.name)
 
 
-@router.post("/{job_id}/cancel")
+@router.post("/{job_id}/cancel", responses=_ACTION_ERRORS)
 def cancel_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
     """Cancel a job that has not ended (409 if it has)."""
     with transaction(factory) as session:
@@ -101,7 +121,7 @@ def cancel_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
         return JobOut.of(job, job.owner.name)
 
 
-@router.post("/{job_id}/suspend")
+@router.post("/{job_id}/suspend", responses=_ACTION_ERRORS)
 def suspend_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
     """Checkpoint a RUNNING job at its next iteration boundary and free its GPUs (409 if
     it is not running)."""
@@ -110,7 +130,7 @@ def suspend_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
         return JobOut.of(job, job.owner.name)
 
 
-@router.post("/{job_id}/resume")
+@router.post("/{job_id}/resume", responses=_ACTION_ERRORS)
 def resume_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
     """Queue a SUSPENDED job again; it continues from its checkpoint, on whatever GPUs
     the scheduler picks (409 if it is not suspended)."""
@@ -119,7 +139,7 @@ def resume_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
         return JobOut.of(job, job.owner.name)
 
 
-@router.get("/{job_id}/logs")
+@router.get("/{job_id}/logs", responses=_NOT_FOUND)
 def job_logs(
     job_id: JobId,
     user: User,
@@ -136,7 +156,7 @@ def job_logs(
     return LogPage(items=items, next_after=items[-1].id if items else after)
 
 
-@router.get("/{job_id}/events")
+@router.get("/{job_id}/events", responses=_NOT_FOUND)
 def job_events(
     job_id: JobId,
     user: User,
@@ -151,7 +171,7 @@ def job_events(
         return EventPage(items=[EventOut.of(event) for event in events])
 
 
-@router.get("/{job_id}/metrics")
+@router.get("/{job_id}/metrics", responses=_NOT_FOUND)
 def job_metrics(
     job_id: JobId,
     user: User,
@@ -168,7 +188,7 @@ def job_metrics(
     )
 
 
-@router.get("/{job_id}/allocations")
+@router.get("/{job_id}/allocations", responses=_NOT_FOUND)
 def job_allocations(
     job_id: JobId,
     user: User,

@@ -11,12 +11,12 @@ from fastapi import APIRouter, Path, Query
 
 from api.deps import Admin, Factory
 from api.errors import ApiProblem
-from api.schemas import NodeChangeOut
+from api.schemas import V1_ERRORS, NodeChangeOut, error_responses
 from scheduler.db import transaction
 from scheduler.models import nodes
 from scheduler.models.nodes import NodeBusy, NodeNotFound
 
-router = APIRouter(prefix="/v1/nodes", tags=["nodes"])
+router = APIRouter(prefix="/v1/nodes", tags=["nodes"], responses=V1_ERRORS)
 
 # Node names are DNS names (the rule agents register under), at most 253 characters.
 NodeName = Annotated[
@@ -28,7 +28,7 @@ NodeName = Annotated[
 ]
 
 
-@router.post("/{name}/drain")
+@router.post("/{name}/drain", responses=error_responses(404))
 def drain_node(
     name: NodeName,
     admin: Admin,
@@ -50,7 +50,7 @@ def drain_node(
     return NodeChangeOut.of(change)
 
 
-@router.post("/{name}/undrain")
+@router.post("/{name}/undrain", responses=error_responses(404))
 def undrain_node(name: NodeName, admin: Admin, factory: Factory) -> NodeChangeOut:
     """Place jobs on the node again."""
     try:
@@ -61,7 +61,7 @@ def undrain_node(name: NodeName, admin: Admin, factory: Factory) -> NodeChangeOu
     return NodeChangeOut.of(change)
 
 
-@router.delete("/{name}")
+@router.delete("/{name}", responses=error_responses(404, 409))
 def remove_node(name: NodeName, admin: Admin, factory: Factory) -> NodeChangeOut:
     """Forget a drained node that no job holds and no live agent serves (409 with the
     reason otherwise); an agent registering under the name later brings it back."""

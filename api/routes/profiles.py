@@ -6,13 +6,13 @@ from fastapi import APIRouter
 
 from api.deps import Factory, User
 from api.errors import ApiProblem
-from api.schemas import ProfileIn, ProfileOut, ProfilePage
+from api.schemas import V1_ERRORS, ProfileIn, ProfileOut, ProfilePage, error_responses
 from scheduler.db import transaction
 from scheduler.jobspec import checked_workload
 from scheduler.models.profiles import list_profiles, save_profile
 from scheduler.spb import SPBProfile, StageProfile
 
-router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"], responses=V1_ERRORS)
 
 
 @router.get("")
@@ -22,7 +22,7 @@ def profiles(user: User, factory: Factory) -> ProfilePage:
         return ProfilePage(items=[ProfileOut.of(row) for row in list_profiles(session)])
 
 
-@router.get("/{workload}")
+@router.get("/{workload}", responses=error_responses(404))
 def workload_profiles(workload: str, user: User, factory: Factory) -> ProfilePage:
     """The profiles of one workload, one per batch size and device kind."""
     with transaction(factory) as session:
@@ -32,7 +32,7 @@ def workload_profiles(workload: str, user: User, factory: Factory) -> ProfilePag
     return ProfilePage(items=[ProfileOut.of(row) for row in rows])
 
 
-@router.put("/{workload}")
+@router.put("/{workload}", responses=error_responses(400))
 def put_profile(workload: str, body: ProfileIn, user: User, factory: Factory) -> ProfileOut:
     """Store (or replace) a profile of `workload`. Admins only: it steers scheduling."""
     if not user.is_admin:
@@ -40,7 +40,11 @@ def put_profile(workload: str, body: ProfileIn, user: User, factory: Factory) ->
     try:
         checked_workload(workload)  # the names a job spec accepts
     except ValueError as exc:
-        raise ApiProblem(422, str(exc)) from None
+        raise ApiProblem(
+            422,
+            f"invalid request: path.workload: {exc}",
+            [{"loc": "path.workload", "message": str(exc)}],
+        ) from None
     profile = SPBProfile(
         workload=workload,
         per_worker_batch=body.per_worker_batch,

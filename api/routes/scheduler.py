@@ -7,13 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from api.deps import Factory, User
-from api.schemas import RoundOut, RoundPage
+from api.schemas import V1_ERRORS, RoundOut, RoundPage
 from scheduler.db import transaction
 from scheduler.models.jobs import owners
 from scheduler.models.rounds import recent_rounds
 from scheduler.models.users import Principal
 
-router = APIRouter(prefix="/v1/scheduler", tags=["scheduler"])
+router = APIRouter(prefix="/v1/scheduler", tags=["scheduler"], responses=V1_ERRORS)
 
 
 def _visible(decision: dict[str, Any], owner_of: dict[int, int], viewer: Principal) -> bool:

@@ -15,7 +15,15 @@ from fastapi import APIRouter, Path, Query, Request
 
 from api.deps import Admin, Factory, User
 from api.errors import ApiProblem
-from api.schemas import USER_NAME_PATTERN, TokenCreated, TokenIn, TokenOut, TokenPage
+from api.schemas import (
+    USER_NAME_PATTERN,
+    V1_ERRORS,
+    TokenCreated,
+    TokenIn,
+    TokenOut,
+    TokenPage,
+    error_responses,
+)
 from scheduler.db import transaction
 from scheduler.models.users import (
     AGENT_SCOPE,
@@ -31,7 +39,7 @@ from scheduler.models.users import (
 )
 from scheduler.orm import utcnow
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"], responses=V1_ERRORS)
 
 TokenKey = Annotated[
     str,
@@ -61,7 +69,7 @@ def tokens(
     return TokenPage(items=[TokenOut.of(row) for row in rows])
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=error_responses(400))
 def create_token(body: TokenIn, admin: Admin, factory: Factory) -> TokenCreated:
     """Issue a token (admins); the response is the only time the token is shown."""
     expires_at = (
@@ -87,7 +95,7 @@ def create_token(body: TokenIn, admin: Admin, factory: Factory) -> TokenCreated:
     return TokenCreated(**TokenOut.of(info).model_dump(), token=token)
 
 
-@router.delete("/{key}")
+@router.delete("/{key}", responses=error_responses(404, 409))
 def revoke(key: TokenKey, request: Request, user: User, factory: Factory) -> TokenOut:
     """Revoke the active token with this prefix or id (404: none the caller may see;
     409: several share the prefix, so give the id)."""

@@ -61,7 +61,7 @@ class InvalidMessage(ValueError):
 
 
 def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
-    if not _NODE_NAME.match(request.node_name):
+    if not _NODE_NAME.fullmatch(request.node_name):
         raise InvalidMessage(
             f"node_name {request.node_name!r} is not a DNS name (letters, digits, '-', '.')"
         )

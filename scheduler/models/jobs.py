@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import NamedTuple
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.jobspec import JobSpec
@@ -80,23 +82,107 @@ def list_jobs(
     return [(job, name) for job, name in rows], total
 
 
+# What a user may do to a job, and from which states. Narrower than the state machine,
+# whose edges also serve the scheduler: RUNNING -> QUEUED is its requeue of a job whose
+# agent died, never a user's resume of a running job.
+class UserAction(NamedTuple):
+    target: JobState
+    sources: frozenset[JobState]
+    message: str  # the job's message and its event's
+
+
+USER_ACTIONS: dict[str, UserAction] = {
+    "cancel": UserAction(
+        JobState.CANCELLED,
+        frozenset(state for state in JobState if not state.terminal),
+        "cancelled",
+    ),
+    "suspend": UserAction(JobState.SUSPENDED, frozenset({JobState.RUNNING}), "suspended"),
+    "resume": UserAction(JobState.QUEUED, frozenset({JobState.SUSPENDED}), "resumed"),
+}
+
+
+def act(session: Session, job: Job, action: str, actor: Principal) -> Job:
+    """Apply a user's action to a job, or raise IllegalTransition (nothing changes)."""
+    target, sources, message = USER_ACTIONS[action]
+    return transition(
+        session, job, target, actor=actor.user_name, message=message, only_from=sources
+    )
+
+
 def cancel(session: Session, job: Job, actor: Principal) -> Job:
     """Cancel a job in any non-terminal state (raises IllegalTransition otherwise).
 
     The scheduler releases the job's GPUs and stops its workers on its next round.
     """
-    return transition(session, job, JobState.CANCELLED, actor=actor.user_name, message="cancelled")
+    return act(session, job, "cancel", actor)
 
 
 def suspend(session: Session, job: Job, actor: Principal) -> Job:
     """Suspend a RUNNING job: on its next round the scheduler has its workers checkpoint
     at the next iteration boundary and frees its GPUs."""
-    return transition(session, job, JobState.SUSPENDED, actor=actor.user_name, message="suspended")
+    return act(session, job, "suspend", actor)
 
 
 def resume(session: Session, job: Job, actor: Principal) -> Job:
-    """Queue a SUSPENDED job again; it continues from its checkpoint wherever it lands."""
-    return transition(session, job, JobState.QUEUED, actor=actor.user_name, message="resumed")
+    """Queue a SUSPENDED job again (only a suspended one); it continues from its
+    checkpoint wherever it lands."""
+    return act(session, job, "resume", actor)
+
+
+# Jobs that wait for GPUs: queued, or suspended by a policy that will place them again.
+_WAITING = (JobState.QUEUED.value, JobState.SUSPENDED.value)
+
+
+def unplaceable_reason(workers: int, largest_gang: int) -> str | None:
+    """Why a job of `workers` GPUs cannot be placed while the alive, schedulable nodes
+    hold `largest_gang` GPUs in all; None when it could be."""
+    if workers <= largest_gang:
+        return None
+    if largest_gang == 0:
+        return f"needs {workers} GPU(s); no alive, schedulable node has any"
+    return f"needs {workers} GPUs; the largest gang this cluster can form is {largest_gang}"
+
+
+def set_pending_reasons(
+    session: Session, reasons: Mapping[int, str | None], *, actor: str, now: datetime
+) -> list[int]:
+    """Store why each waiting job in `reasons` cannot be placed (None: it can be), with a
+    `pending` event where a reason appears or changes; the jobs whose reason changed.
+
+    A job that stopped waiting meanwhile is left alone (its transition cleared it)."""
+    stored = dict(
+        session.execute(
+            select(Job.id, Job.pending_reason).where(
+                Job.state.in_(_WAITING), Job.pending_reason.is_not(None)
+            )
+        ).all()
+    )
+    changed = []
+    for job_id in set(reasons) | set(stored):
+        reason = reasons.get(job_id)
+        if reason == stored.get(job_id):
+            continue
+        result = session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.state.in_(_WAITING))
+            .values(pending_reason=reason)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            continue
+        changed.append(job_id)
+        if reason is not None:
+            session.add(
+                Event(job_id=job_id, kind="pending", actor=actor, message=reason, created_at=now)
+            )
+    return sorted(changed)
+
+
+def gpus_registered(session: Session) -> int:
+    """Every GPU the cluster has registered, on nodes alive or not: the most GPUs any
+    job could ever be given."""
+    return session.scalar(select(func.count()).select_from(GPU)) or 0
 
 
 def logs(session: Session, job_id: int, *, after_id: int = 0, limit: int = 1000) -> list[JobLog]:

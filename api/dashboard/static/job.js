@@ -99,6 +99,7 @@ export function jobView(jobId) {
       header.replaceChildren(
         h("h1", {}, `#${job.id} ${job.name} `, badge(job.state)),
         h("dl", { class: "facts panel" },
+          job.pending_reason ? [h("dt", {}, "Cannot start"), h("dd", { class: "pending-reason" }, job.pending_reason)] : [],
           h("dt", {}, "Owner"), h("dd", {}, job.owner),
           h("dt", {}, "Workload"), h("dd", {}, h("code", {}, job.spec.workload)),
           h("dt", {}, "GPUs · priority"), h("dd", {}, `${job.workers} · ${job.priority}`),
