@@ -32,6 +32,7 @@ class Launch:
     spb: dict[str, Any]
     start_iteration: int  # resume point (the job's last reported iteration)
     lease_iterations: int
+    attempt: int  # the placement's number (`jobs.attempts`): the run's fence
 
 
 class RunOutcome(StrEnum):

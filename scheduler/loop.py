@@ -448,7 +448,8 @@ class SchedulerService:
                 )
                 for rank, gpu_id in enumerate(placement.gpu_ids)
             )
-            if not self._allocate(placement, workers, now):
+            attempt = self._allocate(placement, workers, now)
+            if attempt is None:
                 continue
             launch = Launch(
                 job_id=job.id,
@@ -457,6 +458,7 @@ class SchedulerService:
                 spb=placement.spb,
                 start_iteration=job.iterations_done,
                 lease_iterations=self._settings.lease_iterations,
+                attempt=attempt,
             )
             running += self._launch(launch, now)
         return running
@@ -475,21 +477,29 @@ class SchedulerService:
             if job is None:  # deleted meanwhile; its allocations went with it
                 return False
             if acknowledged:
-                job.attempts += 1
                 return self._transition(session, job, JobState.RUNNING, "launched")
             if self._transition(session, job, JobState.QUEUED, "launch refused"):
                 _release(session, [job.id], now)
                 self._decide(rounds.LAUNCH_REFUSED, job.id)
             return False
 
-    def _allocate(self, placement: Placement, workers: tuple[Worker, ...], now: datetime) -> bool:
-        """QUEUED -> SCHEDULED with its allocations and a decision event, atomically."""
+    def _allocate(
+        self, placement: Placement, workers: tuple[Worker, ...], now: datetime
+    ) -> int | None:
+        """QUEUED -> SCHEDULED with its allocations and a decision event, atomically;
+        the placement's attempt, or None when the job could not be placed.
+
+        The attempt is counted here, not when the launch is acknowledged, so that no two
+        launches ever carry the same one (a launch may reach an agent and still fail).
+        """
         with transaction(self._factory) as session:
             job = session.get(Job, placement.job_id)
             if job is None or not self._transition(
                 session, job, JobState.SCHEDULED, f"placed by {self._policy_name}"
             ):
-                return False
+                return None
+            job.attempts += 1
+            attempt = job.attempts
             session.add_all(
                 Allocation(
                     job_id=job.id,
@@ -498,6 +508,7 @@ class SchedulerService:
                     spb=placement.spb,
                     lease_start_iteration=job.iterations_done,
                     lease_iterations=self._settings.lease_iterations,
+                    attempt=attempt,
                     created_at=now,
                 )
                 for rank, gpu_id in enumerate(placement.gpu_ids)
@@ -524,8 +535,9 @@ class SchedulerService:
                 spb=placement.spb,
                 start_iteration=job.iterations_done,
                 lease_iterations=self._settings.lease_iterations,
+                attempt=attempt,
             )
-        return True
+        return attempt
 
     # -- helpers --------------------------------------------------------------------
 

@@ -49,7 +49,11 @@ class SchedulerTelemetry:
         )
         self.reports_dropped = Counter(
             "jigsaw_reports_dropped_total",
-            "Reported iteration rows and log lines dropped because the database write failed.",
+            "What agents reported and the scheduler did not store, by reason: "
+            "write_failed (the database write failed), not_allocated (about a job not "
+            "allocated to the agent's node), stale_attempt (of a run the job has moved on "
+            "from), other_agent (of a run launched to another agent process).",
+            ("reason",),
             registry=registry,
         )
 

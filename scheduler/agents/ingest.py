@@ -157,7 +157,9 @@ class ReportWriter:
                 reports.labels("heartbeats").inc(len(batch.heartbeats))
         except Exception:
             if self._telemetry is not None:
-                self._telemetry.reports_dropped.inc(len(batch.metrics) + len(batch.logs))
+                self._telemetry.reports_dropped.labels("write_failed").inc(
+                    len(batch.metrics) + len(batch.logs)
+                )
             # Reports are observations, not decisions: losing one batch beats stopping
             # the writer, which would block every agent.
             logger.exception(
