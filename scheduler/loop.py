@@ -478,6 +478,10 @@ class SchedulerService:
                 return False
             if acknowledged:
                 return self._transition(session, job, JobState.RUNNING, "launched")
+            if job.attempts == launch.attempt:
+                # Refused before any command left (the dispatcher checks all first): no
+                # agent knows this attempt, so the next placement may carry it.
+                job.attempts -= 1
             if self._transition(session, job, JobState.QUEUED, "launch refused"):
                 _release(session, [job.id], now)
                 self._decide(rounds.LAUNCH_REFUSED, job.id)
@@ -489,8 +493,8 @@ class SchedulerService:
         """QUEUED -> SCHEDULED with its allocations and a decision event, atomically;
         the placement's attempt, or None when the job could not be placed.
 
-        The attempt is counted here, not when the launch is acknowledged, so that no two
-        launches ever carry the same one (a launch may reach an agent and still fail).
+        The attempt is counted here, before the launch is sent, so that no two launches
+        that reached an agent ever carry the same one.
         """
         with transaction(self._factory) as session:
             job = session.get(Job, placement.job_id)

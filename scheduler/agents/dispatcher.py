@@ -148,12 +148,6 @@ class AgentDispatcher:
         with self._lock:
             return self._holder(node_name, instance)
 
-    def holds(self, node_name: str, instance: str) -> bool:
-        """Whether `instance` has a live session for `node_name` (it is reconnecting)."""
-        with self._lock:
-            current = self._sessions.get(node_name)
-            return current is not None and current.instance == instance
-
     def open_session(
         self,
         node_name: str,
@@ -290,23 +284,33 @@ class AgentDispatcher:
             }
             self._jobs[launch.job_id] = runs
         try:
-            with transaction(self._factory) as db:
-                master_addr = node_addresses(db, [master_node]).get(master_node, "")
-                # Before any command leaves: a Hello that claims the run after a restart
-                # of the scheduler finds whom it was launched to.
-                for node, run in runs.items():
-                    gpu_ids = [w.gpu_id for w in launch.workers if w.node_name == node]
-                    bind_run(
-                        db,
-                        launch.job_id,
-                        launch.attempt,
-                        gpu_ids,
-                        instance_digest(run.instance),
-                    )
+            messages = self._launch_messages(launch, by_node, runs, master_node, port)
         except Exception:
             with self._lock:
                 self._drop_job(launch.job_id)
             raise
+        # Only once every command is built: a launch is sent to all its nodes or to none.
+        for node, message in messages.items():
+            sessions[node].send(message)
+        return True
+
+    def _launch_messages(
+        self,
+        launch: Launch,
+        by_node: Mapping[str, list[pb.RankAssignment]],
+        runs: Mapping[str, Run],
+        master_node: str,
+        port: int,
+    ) -> dict[str, pb.SchedulerMessage]:
+        """Each node's command; first the runs' agent processes are stored, so that a
+        Hello claiming the run after a restart of the scheduler finds whom it was
+        launched to."""
+        with transaction(self._factory) as db:
+            master_addr = node_addresses(db, [master_node]).get(master_node, "")
+            for node, run in runs.items():
+                gpu_ids = [w.gpu_id for w in launch.workers if w.node_name == node]
+                bind_run(db, launch.job_id, launch.attempt, gpu_ids, instance_digest(run.instance))
+        messages = {}
         for node, assignments in by_node.items():
             command = pb.LaunchCommand(
                 job_id=launch.job_id,
@@ -323,13 +327,12 @@ class AgentDispatcher:
                 checkpoint_every=self._checkpoint_every,
                 attempt=launch.attempt,
             )
-            message = (
+            messages[node] = (
                 pb.SchedulerMessage(resume=command)
                 if launch.start_iteration > 0
                 else pb.SchedulerMessage(launch=command)
             )
-            sessions[node].send(message)
-        return True
+        return messages
 
     def stop(self, job_id: int, node: str | None = None) -> None:
         self._command(job_id, node, self._stopping, "stop")

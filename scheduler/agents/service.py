@@ -161,9 +161,6 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         problem = self._dispatcher.holder(request.node_name, request.instance)
         if problem is not None:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, problem)
-        # A node is alive once its stream is, not when it registers (which a process
-        # that never connects could do): only an agent reconnecting keeps its liveness.
-        reconnecting = self._dispatcher.holds(request.node_name, request.instance)
         with transaction(self._factory) as session:
             registration = register(
                 session,
@@ -171,7 +168,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 address=request.address or context.peer(),
                 gpus=slots,
                 version=request.agent_version,
-                alive=None if reconnecting else False,
+                # Alive once its stream is, not because it registered (a process that
+                # never connects could): its heartbeats say so.
+                heartbeat=False,
             )
         logger.info(
             "agent %s registered %d GPU(s), version %s",

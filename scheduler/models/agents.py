@@ -38,16 +38,18 @@ def register(
     gpus: Sequence[GpuSlot],
     version: str,
     now: datetime | None = None,
-    alive: bool | None = True,
+    heartbeat: bool = True,
 ) -> Registration:
     """Create or refresh a node, its GPUs and its agent.
 
     Idempotent: an agent registers again after every reconnect. GPUs keep their rows
     (and so their allocation history) across registrations; a GPU the agent no longer
-    offers stays in the table but is logged, since jobs may still hold it. `alive`:
-    True marks the agent alive as of `now` (simulated nodes, which have no stream);
-    False marks it not alive until its stream says otherwise (a real agent is alive only
-    while connected); None leaves liveness as it is (an agent reconnecting).
+    offers stays in the table but is logged, since jobs may still hold it.
+    `heartbeat`: the registration counts as one, the agent is alive as of `now`
+    (simulated nodes, which have no stream); False leaves liveness to the agent's
+    stream (a real agent): a new agent is not alive until its stream's first heartbeat,
+    and registering again neither revives a dead one nor makes a live one look dead for
+    a moment.
     """
     now = now or utcnow()
     node = session.scalar(select(Node).where(Node.name == node_name))
@@ -77,13 +79,12 @@ def register(
         logger.warning("node %s no longer offers GPUs %s", node_name, sorted(existing))
     agent = session.scalar(select(Agent).where(Agent.node_id == node.id))
     if agent is None:
-        agent = Agent(node_id=node.id)
+        agent = Agent(node_id=node.id, alive=False)
         session.add(agent)
     agent.version = version
     agent.registered_at = now
-    if alive is not None:
-        agent.alive = alive
-    if alive:
+    if heartbeat:
+        agent.alive = True
         agent.last_heartbeat_at = now
     session.flush()
     return Registration(agent_id=agent.id, node_id=node.id)
