@@ -329,8 +329,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 return
             self._warned[key] = now
         logger.warning(
-            "agent %s: dropped its %s about job %d (%s); further drops for this reason are "
-            "counted in jigsaw_reports_dropped_total",
+            "agent %s: dropped its %s about job %d (%s); such drops are logged once per "
+            "node and reason every few seconds, and all counted in "
+            "jigsaw_reports_dropped_total",
             session.node_name,
             drop.kind,
             drop.job_id,
