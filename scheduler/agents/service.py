@@ -55,12 +55,11 @@ class InvalidMessage(ValueError):
     """An agent message that breaks the protocol; its text is what the agent is told."""
 
 
-def checked_instance(instance: str) -> str:
+def check_instance(instance: str) -> None:
     if not _INSTANCE.fullmatch(instance):
         raise InvalidMessage(
             "instance must be the agent process's random key: 16-128 letters, digits, '-', '_'"
         )
-    return instance
 
 
 def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
@@ -78,7 +77,7 @@ def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
     for gpu in request.gpus:
         if gpu.memory_bytes < 0 or not gpu.kind or len(gpu.kind) > 64:
             raise InvalidMessage(f"GPU {gpu.index}: kind must be 1-64 chars, memory >= 0")
-    checked_instance(request.instance)
+    check_instance(request.instance)
     return [GpuSlot(gpu.index, gpu.kind, gpu.memory_bytes, gpu.virtual) for gpu in request.gpus]
 
 
@@ -196,7 +195,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             return
         hello = first.hello
         try:
-            checked_instance(hello.instance)
+            check_instance(hello.instance)
         except InvalidMessage as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
