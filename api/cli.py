@@ -10,6 +10,7 @@ be reached, 2 bad input (usage, an unreadable or invalid job spec).
 import json
 import re
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -325,24 +326,27 @@ def up(
     access_log: Annotated[bool, typer.Option(help="Log every HTTP request.")] = False,
 ) -> None:
     """Run the API and, as leader, the scheduler and the agents' gRPC endpoint, until Ctrl-C."""
-    from api.server import serve
+    from api.server import AddressTaken, serve
 
     if local_agents and simulated_nodes:
         _fail("give --local-agents or --simulated-nodes, not both", EXIT_BAD_INPUT)
     settings = _settings()
-    serve(
-        settings,
-        host=host if host is not None else settings.api.host,
-        port=port if port is not None else settings.api.port,
-        scheduler=scheduler,
-        simulated_nodes=simulated_nodes,
-        gpus_per_node=gpus_per_node,
-        sim_iterations_per_second=sim_speed,
-        local_agents=local_agents,
-        gpus_per_agent=gpus_per_agent,
-        log_level=log_level.lower(),
-        access_log=access_log,
-    )
+    try:
+        serve(
+            settings,
+            host=host if host is not None else settings.api.host,
+            port=port if port is not None else settings.api.port,
+            scheduler=scheduler,
+            simulated_nodes=simulated_nodes,
+            gpus_per_node=gpus_per_node,
+            sim_iterations_per_second=sim_speed,
+            local_agents=local_agents,
+            gpus_per_agent=gpus_per_agent,
+            log_level=log_level.lower(),
+            access_log=access_log,
+        )
+    except AddressTaken as exc:
+        _fail(str(exc))
 
 
 @app.command()
@@ -375,6 +379,12 @@ def agent(
 
     from api.logs import configure_logging
     from worker_agent.agent import AgentRejected, run_agent
+    from worker_agent.runtime.lifeline import (
+        UP_PID_ENV,
+        OrphanedError,
+        die_with_parent,
+        watch_lifeline,
+    )
     from worker_agent.settings import AgentSettings
 
     overrides: dict[str, Any] = {
@@ -393,6 +403,12 @@ def agent(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda _signum, _frame: stop.set())
+    try:
+        # A local agent of `jigsaw up` never outlives it (`lifeline`).
+        if die_with_parent(UP_PID_ENV, "jigsaw up (pid {pid}) that started this agent is gone"):
+            watch_lifeline(sys.stdin.buffer, stop)
+    except OrphanedError as exc:
+        _fail(f"not starting: {exc}")
     try:
         run_agent(settings, stop)
     except AgentRejected as exc:

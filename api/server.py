@@ -85,6 +85,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+class AddressTaken(OSError):
+    """The API's address cannot be bound; nothing was written for it."""
+
+
+def bind_api(host: str, port: int) -> socket.socket:
+    """The API's listening socket (port 0 picks one), bound before anything that names
+    its URL (credentials.json) is written, so a taken port changes nothing."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((host.strip("[]"), port))
+    except OSError as exc:
+        listener.close()
+        raise AddressTaken(f"cannot serve the API on {host}:{port}: {exc.strerror}") from exc
+    return listener
+
+
 # -- credentials ----------------------------------------------------------------------
 
 
@@ -255,8 +272,8 @@ def serve(
     from scheduler.loop import SchedulerService
 
     configure_logging(log_level, settings.log.format)
-    if port == 0:
-        port = free_port(host)
+    listener = bind_api(host, port)
+    port = int(listener.getsockname()[1])
     stop = threading.Event()
     server: uvicorn.Server | None = None
 
@@ -276,6 +293,7 @@ def serve(
     lock = LeaderLock(engine, settings.home) if scheduler else None
     try:
         with ExitStack() as stack:
+            stack.callback(listener.close)
             # Runs last: the loop and every helper thread see `stop` before anything
             # they use is torn down.
             stack.callback(stop.set)
@@ -335,7 +353,7 @@ def serve(
             server = uvicorn.Server(config)
             if not stop.is_set():
                 logger.info("API on %s (dashboard at %s/ui/, docs at %s/docs)", url, url, url)
-                server.run()
+                server.run(sockets=[listener])
     finally:
         engine.dispose()
         for sig, handler in previous.items():
@@ -433,9 +451,11 @@ def _agents_endpoint(
         checkpoint_root=settings.checkpoint_dir,
         checkpoint_every=settings.scheduler.checkpoint_every,
         ports=RendezvousPorts(settings.grpc.rendezvous_port_min, settings.grpc.rendezvous_port_max),
+        session_timeout_seconds=settings.scheduler.agent_timeout_seconds,
     )
     interval = max(0.2, min(settings.scheduler.agent_timeout_seconds / 3, 5.0))
-    service = AgentService(factory, dispatcher, writer, interval)
+    service = AgentService(factory, dispatcher, writer, interval, telemetry)
+    tokens = TokenVerifier(factory, settings.api.auth_cache_seconds)
     grpc_server, grpc_port = start_server(service, tokens, settings.grpc)
     # Streams end first (grace), so agents see a clean close and redial later.
     stack.callback(lambda: grpc_server.stop(grace=2).wait())

@@ -4,7 +4,8 @@ batched INSERT of the same rows in the same run.
 The scheduler's side is the real one (AgentService, AgentDispatcher, ReportWriter, token
 interceptor) on a scratch PostgreSQL database, in this process. Simulated agents are
 raw gRPC clients in `--client-processes` processes: each registers, opens its Connect
-stream saying it runs one job, then streams `--messages` messages of `--records`
+stream saying it runs one job (allocated to its node beforehand, as a launch to it
+would), then streams `--messages` messages of `--records`
 iteration records each, as fast as the server takes them. The rate counts rows in the
 database, from the first row written to the last (client start-up excluded). The
 baseline inserts the same number of rows with plain multi-row INSERTs (SQLAlchemy Core
@@ -34,6 +35,7 @@ from scheduler.agents.service import AgentService
 from scheduler.db import make_engine, session_factory, transaction
 from scheduler.jobspec import JobSpec
 from scheduler.migrate import upgrade
+from scheduler.models.agents import GpuSlot, instance_digest, register
 from scheduler.models.jobs import submit
 from scheduler.models.metrics import ROW_COLUMNS
 from scheduler.models.users import (
@@ -43,7 +45,7 @@ from scheduler.models.users import (
     get_or_create_user,
     issue_token,
 )
-from scheduler.orm import IterationMetric, table_of, utcnow
+from scheduler.orm import GPU, Allocation, IterationMetric, table_of, utcnow
 from scheduler.settings import GrpcSettings
 from tests.servers import scratch_postgres
 from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
@@ -67,6 +69,31 @@ def _record(iteration: int) -> pb.IterationRecord:
     )
 
 
+def _instance(node: str) -> str:
+    """The instance key of the simulated agent process of `node`."""
+    return f"bench-agent-process-{node}"
+
+
+def _allocate(factory: Any, agents: list[tuple[str, int]]) -> None:
+    """Each job allocated to its agent's node and launched to its process (attempt 1)."""
+    slot = GpuSlot(0, "virtual-cpu", 1 << 30, virtual=True)
+    with transaction(factory) as session:
+        for node, job_id in agents:
+            node_id = register(
+                session, node_name=node, address="127.0.0.1", gpus=[slot], version="bench"
+            ).node_id
+            session.add(
+                Allocation(
+                    job_id=job_id,
+                    gpu_id=session.scalars(select(GPU.id).where(GPU.node_id == node_id)).one(),
+                    rank=0,
+                    lease_iterations=1,
+                    attempt=1,
+                    agent_instance=instance_digest(_instance(node)),
+                )
+            )
+
+
 def _agent_stream(
     stub: agent_pb2_grpc.AgentServiceStub,
     token: str,
@@ -82,6 +109,7 @@ def _agent_stream(
             gpus=[pb.Gpu(index=0, kind="virtual-cpu", memory_bytes=1 << 30, virtual=True)],
             agent_version="bench",
             address="127.0.0.1",
+            instance=_instance(node),
         ),
         metadata=metadata,
     )
@@ -91,8 +119,11 @@ def _agent_stream(
             hello=pb.Hello(
                 node_name=node,
                 running=[
-                    pb.RunningJob(job_id=job_id, ranks=[pb.RankAssignment(rank=0, gpu_index=0)])
+                    pb.RunningJob(
+                        job_id=job_id, attempt=1, ranks=[pb.RankAssignment(rank=0, gpu_index=0)]
+                    )
                 ],
+                instance=_instance(node),
             )
         )
         for m in range(messages):
@@ -137,6 +168,7 @@ def _grpc_ingest(factory: Any, jobs: list[int], token: str, args: argparse.Names
     server, port = start_server(service, TokenVerifier(factory, 60), settings)
     expected = args.agents * args.messages * args.records
     agents = [(f"bench-{i}", job_id) for i, job_id in enumerate(jobs)]
+    _allocate(factory, agents)
     shards = [agents[i :: args.client_processes] for i in range(args.client_processes)]
     context = multiprocessing.get_context("spawn")
     processes = [

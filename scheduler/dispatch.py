@@ -32,6 +32,7 @@ class Launch:
     spb: dict[str, Any]
     start_iteration: int  # resume point (the job's last reported iteration)
     lease_iterations: int
+    attempt: int  # the placement's number (`jobs.attempts`): the run's fence
 
 
 class RunOutcome(StrEnum):
@@ -57,7 +58,11 @@ class Report:
 
 class Dispatcher(Protocol):
     def launch(self, launch: Launch) -> bool:
-        """Start (or resume) the job's workers; True when every node took the command."""
+        """Start (or resume) the job's workers; True when every node took the command.
+
+        False, or an exception, only when no node was sent anything: the loop then gives
+        the launch's attempt back for the next placement.
+        """
         ...
 
     def stop(self, job_id: int, node: str | None = None) -> None:

@@ -523,7 +523,8 @@ class SchedulerService:
                 )
                 for rank, gpu_id in enumerate(placement.gpu_ids)
             )
-            if not self._allocate(placement, workers, now):
+            attempt = self._allocate(placement, workers, now)
+            if attempt is None:
                 continue
             launch = Launch(
                 job_id=job.id,
@@ -532,6 +533,7 @@ class SchedulerService:
                 spb=placement.spb,
                 start_iteration=job.iterations_done,
                 lease_iterations=self._settings.lease_iterations,
+                attempt=attempt,
             )
             running += self._launch(launch, now)
         return running
@@ -550,25 +552,37 @@ class SchedulerService:
             if job is None:  # deleted meanwhile; its allocations went with it
                 return False
             if acknowledged:
-                job.attempts += 1
                 return self._transition(session, job, JobState.RUNNING, "launched")
+            if job.attempts == launch.attempt:
+                # Refused before any command left (the dispatcher checks all first): no
+                # agent knows this attempt, so the next placement may carry it.
+                job.attempts -= 1
             if self._transition(session, job, JobState.QUEUED, "launch refused"):
                 _release(session, [job.id], now)
                 self._decide(rounds.LAUNCH_REFUSED, job.id)
             return False
 
-    def _allocate(self, placement: Placement, workers: tuple[Worker, ...], now: datetime) -> bool:
+    def _allocate(
+        self, placement: Placement, workers: tuple[Worker, ...], now: datetime
+    ) -> int | None:
         """QUEUED -> SCHEDULED with its allocations and a decision event, atomically;
-        refused when a node was drained since the snapshot."""
+        the placement's attempt, or None when the job could not be placed.
+
+        The attempt is counted here, before the launch is sent, so that no two launches
+        that reached an agent ever carry the same one. Refused when a node was drained
+        since the snapshot.
+        """
         with transaction(self._factory) as session:
             if on_drained_node(session, list(placement.gpu_ids)):
                 self._conflicts += 1
-                return False
+                return None
             job = session.get(Job, placement.job_id)
             if job is None or not self._transition(
                 session, job, JobState.SCHEDULED, f"placed by {self._policy_name}"
             ):
-                return False
+                return None
+            job.attempts += 1
+            attempt = job.attempts
             session.add_all(
                 Allocation(
                     job_id=job.id,
@@ -577,6 +591,7 @@ class SchedulerService:
                     spb=placement.spb,
                     lease_start_iteration=job.iterations_done,
                     lease_iterations=self._settings.lease_iterations,
+                    attempt=attempt,
                     created_at=now,
                 )
                 for rank, gpu_id in enumerate(placement.gpu_ids)
@@ -603,8 +618,9 @@ class SchedulerService:
                 spb=placement.spb,
                 start_iteration=job.iterations_done,
                 lease_iterations=self._settings.lease_iterations,
+                attempt=attempt,
             )
-        return True
+        return attempt
 
     # -- helpers --------------------------------------------------------------------
 

@@ -171,6 +171,7 @@ class Job(Base):
     # Why a waiting job cannot be placed (no capacity of the cluster can hold it), set by
     # the scheduler loop each round; NULL otherwise. Every transition clears it.
     pending_reason: Mapped[str | None] = mapped_column(String(255), default=None)
+    # Placements so far, each the fence (`attempt`) of the run it starts.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # Crashes of its training processes so far; retried while below spec.max_retries.
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -201,6 +202,13 @@ class Allocation(Base):
     spb: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # Bumped by every reconfiguration of the run (its launch is version 0).
     config_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The job's placement this hold belongs to (`jobs.attempts` when it was made): the
+    # fence its LaunchCommand carries, so an older run can never pass for this one.
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # SHA-256 of the instance key of the agent process the run was launched to: only
+    # that process may later claim the run (a Hello after a reconnect or a restart of
+    # the scheduler). NULL until launched.
+    agent_instance: Mapped[str | None] = mapped_column(String(64), default=None)
     lease_start_iteration: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_iterations: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

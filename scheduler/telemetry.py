@@ -49,7 +49,18 @@ class SchedulerTelemetry:
         )
         self.reports_dropped = Counter(
             "jigsaw_reports_dropped_total",
-            "Reported iteration rows, log lines and evaluations the database refused.",
+            "What agents reported and the scheduler did not store, by reason: "
+            "write_failed (the database write failed), not_allocated (about a job not "
+            "allocated to the agent's node), stale_attempt (of a run the job has moved on "
+            "from), other_agent (of a run launched to another agent process), invalid "
+            "(a malformed iteration record or profile).",
+            ("reason",),
+            registry=registry,
+        )
+
+        self.reports_scrubbed = Counter(
+            "jigsaw_agent_messages_scrubbed_total",
+            "Agent messages that carried NUL in text or non-finite metrics, stored scrubbed.",
             registry=registry,
         )
 

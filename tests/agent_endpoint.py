@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,9 +25,12 @@ from scheduler.models.users import (
     issue_token,
 )
 from scheduler.settings import GrpcSettings
+from scheduler.telemetry import SchedulerTelemetry
 from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 
 CHECKPOINT_EVERY = 7
+# How long a silent agent session holds its node name against another agent process.
+SESSION_TIMEOUT_SECONDS = 3.0
 
 
 @dataclass
@@ -38,6 +42,12 @@ class Endpoint:
     address: str
     agent_token: str
     user_token: str
+    metrics: CollectorRegistry
+
+    def dropped(self, reason: str) -> float:
+        """What `jigsaw_reports_dropped_total{reason}` counted so far."""
+        value = self.metrics.get_sample_value("jigsaw_reports_dropped_total", {"reason": reason})
+        return value or 0.0
 
     def auth(self, token: str | None = None) -> list[tuple[str, str]]:
         return [("authorization", f"Bearer {token or self.agent_token}")]
@@ -65,8 +75,13 @@ def agent_endpoint(
         checkpoint_root=checkpoint_root,
         checkpoint_every=CHECKPOINT_EVERY,
         ports=RendezvousPorts(29500, 29999),
+        session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
     )
-    service = AgentService(factory, dispatcher, writer, heartbeat_interval_seconds=0.5)
+    metrics = CollectorRegistry()
+    telemetry = SchedulerTelemetry(metrics)
+    service = AgentService(
+        factory, dispatcher, writer, heartbeat_interval_seconds=0.5, telemetry=telemetry
+    )
     server, port = start_server(
         service, tokens or TokenVerifier(factory, 0), GrpcSettings(host="127.0.0.1", port=0)
     )
@@ -81,6 +96,7 @@ def agent_endpoint(
             address,
             agent_token,
             user_token,
+            metrics,
         )
     finally:
         channel.close()

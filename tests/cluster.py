@@ -109,17 +109,44 @@ def ended(job: dict[str, Any]) -> bool:
 
 def worker_pids(home: Path) -> list[int]:
     """Training processes whose configuration lies under `home` (this test's cluster)."""
-    pids = []
+    return [pid for pid, command in _processes(home) if "worker_agent.runtime.worker" in command]
+
+
+def incarnations(home: Path) -> dict[int, list[tuple[int, Path]]]:
+    """Job id -> the live runs of the job under `home`, as (pid, configuration) of their
+    rank 0 processes (every run has exactly one, wherever its ranks are)."""
+    runs: dict[int, list[tuple[int, Path]]] = {}
+    for pid, command in _processes(home):
+        if "worker_agent.runtime.worker" in command and "--config" in command:
+            config = Path(command[command.index("--config") + 1])
+            if config.name == "rank-0.json" and config.parent.name.startswith("job-"):
+                job_id = int(config.parent.name.removeprefix("job-"))
+                runs.setdefault(job_id, []).append((pid, config))
+    return runs
+
+
+def agent_pids(home: Path) -> dict[str, list[int]]:
+    """Node name -> pids of the `jigsaw agent` processes working under `home`."""
+    agents: dict[str, list[int]] = {}
+    for pid, command in _processes(home):
+        if "agent" in command and "--node-name" in command:
+            agents.setdefault(command[command.index("--node-name") + 1], []).append(pid)
+    return agents
+
+
+def _processes(home: Path) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of the live processes whose command line names `home`."""
+    found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            command = (entry / "cmdline").read_bytes().split(b"\0")
+            command = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if b"worker_agent.runtime.worker" in command and str(home).encode() in b" ".join(command):
-            pids.append(int(entry.name))
-    return pids
+        if any(str(home) in part for part in command):
+            found.append((int(entry.name), command))
+    return found
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

@@ -23,16 +23,19 @@ from scheduler.agents.dispatcher import AgentDispatcher
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, Worker
 from scheduler.jobspec import JobSpec
+from scheduler.models.agents import instance_digest
 from scheduler.models.jobs import submit
 from scheduler.models.users import (
     Principal,
     get_or_create_user,
 )
-from scheduler.orm import GPU, IterationMetric, Job, JobLog, ModelProfile, Node
+from scheduler.orm import GPU, Allocation, IterationMetric, Job, JobLog, ModelProfile, Node
 from tests.agent_endpoint import CHECKPOINT_EVERY, Endpoint, agent_endpoint
 from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 
 NOW = datetime.now(UTC)
+# The instance key of the agent process these tests speak for.
+INSTANCE = "node-a-agent-process-1"
 
 
 @pytest.fixture
@@ -41,13 +44,16 @@ def endpoint(engine: Engine, tmp_path: Path) -> Iterator[Endpoint]:
         yield running
 
 
-def register_request(name: str = "node-a", gpus: int = 2) -> pb.RegisterRequest:
+def register_request(
+    name: str = "node-a", gpus: int = 2, instance: str = INSTANCE
+) -> pb.RegisterRequest:
     return pb.RegisterRequest(
         node_name=name,
         gpus=[pb.Gpu(index=i, kind="virtual-cpu", memory_bytes=1 << 30, virtual=True)
               for i in range(gpus)],
         agent_version="test",
         address="127.0.0.1",
+        instance=instance,
     )  # fmt: skip
 
 
@@ -91,16 +97,54 @@ def hello(
     name: str = "node-a",
     running: dict[int, dict[int, int]] | None = None,
     exits: list[pb.JobExit] | None = None,
+    instance: str = INSTANCE,
+    attempt: int = 1,
 ) -> pb.AgentMessage:
-    """`running`: job -> rank -> GPU index."""
+    """`running`: job -> rank -> GPU index, each of `attempt`."""
     jobs = [
         pb.RunningJob(
             job_id=job_id,
+            attempt=attempt,
             ranks=[pb.RankAssignment(rank=r, gpu_index=g) for r, g in ranks.items()],
         )
         for job_id, ranks in (running or {}).items()
     ]
-    return pb.AgentMessage(hello=pb.Hello(node_name=name, running=jobs, exits=exits or []))
+    return pb.AgentMessage(
+        hello=pb.Hello(node_name=name, running=jobs, exits=exits or [], instance=instance)
+    )
+
+
+def allocate(
+    endpoint: Endpoint,
+    job_id: int,
+    ranks: dict[int, int],
+    *,
+    node: str = "node-a",
+    attempt: int = 1,
+    instance: str = INSTANCE,
+) -> None:
+    """What the loop's placement and a launch to agent process `instance` leave in the
+    database: the job's allocations of `attempt` on `node` (rank -> GPU index)."""
+    with transaction(endpoint.factory) as session:
+        session.get_one(Job, job_id).attempts = attempt
+        gpus = dict(
+            session.execute(
+                select(GPU.index, GPU.id)
+                .join(Node, Node.id == GPU.node_id)
+                .where(Node.name == node)
+            ).all()
+        )
+        session.add_all(
+            Allocation(
+                job_id=job_id,
+                gpu_id=gpus[index],
+                rank=rank,
+                lease_iterations=50,
+                attempt=attempt,
+                agent_instance=instance_digest(instance),
+            )
+            for rank, index in ranks.items()
+        )
 
 
 def add_job(endpoint: Endpoint) -> int:
@@ -111,11 +155,11 @@ def add_job(endpoint: Endpoint) -> int:
         return job.id
 
 
-def launch(endpoint: Endpoint, job_id: int, start_iteration: int = 0) -> Launch:
+def launch(endpoint: Endpoint, job_id: int, start_iteration: int = 0, attempt: int = 1) -> Launch:
     with endpoint.factory() as session:
         spec = session.get_one(Job, job_id).spec
     workers = tuple(Worker(rank, 0, 0, "node-a", rank) for rank in range(2))
-    return Launch(job_id, spec, workers, {}, start_iteration, lease_iterations=50)
+    return Launch(job_id, spec, workers, {}, start_iteration, 50, attempt)
 
 
 def record(iteration: int, step: float = 0.1) -> pb.IterationRecord:
@@ -167,6 +211,8 @@ def test_calls_without_a_cluster_token_are_refused_and_change_nothing(
         ),
         (pb.RegisterRequest(node_name="node-a", gpus=[pb.Gpu(index=-1, kind="k")]), "unique"),
         (pb.RegisterRequest(node_name="node-a", gpus=[pb.Gpu(index=0, kind="")]), "kind"),
+        (pb.RegisterRequest(node_name="node-a", instance=""), "instance must be"),
+        (pb.RegisterRequest(node_name="node-a", instance="short"), "instance must be"),
     ],
 )
 def test_malformed_registrations_are_invalid_arguments(
@@ -213,8 +259,11 @@ def test_launch_reports_and_exit_round_trip(endpoint: Endpoint, tmp_path: Path) 
         assert 29500 <= sent.master_port <= 29999
         assert sent.checkpoint_dir == str(tmp_path / f"job-{job_id}")
         assert sent.checkpoint_every == CHECKPOINT_EVERY
+        assert sent.attempt == 1
         # A second launch while the first run's processes live is refused.
-        assert not endpoint.dispatcher.launch(launch(endpoint, job_id, start_iteration=3))
+        assert not endpoint.dispatcher.launch(
+            launch(endpoint, job_id, start_iteration=3, attempt=2)
+        )
 
         stream.send(
             pb.AgentMessage(
@@ -237,6 +286,7 @@ def test_launch_reports_and_exit_round_trip(endpoint: Endpoint, tmp_path: Path) 
             pb.AgentMessage(
                 exit=pb.JobExit(
                     job_id=job_id,
+                    attempt=1,
                     outcome=pb.OUTCOME_SUCCEEDED,
                     iteration=2,
                     metrics={"accuracy": 0.9},
@@ -251,6 +301,7 @@ def test_launch_reports_and_exit_round_trip(endpoint: Endpoint, tmp_path: Path) 
             assert sorted(rows) == [(job_id, 1), (job_id, 2)]
             assert job.iterations_done == 2
             assert job.metrics == {"accuracy": 0.5}
+        assert endpoint.dropped("not_allocated") == 1  # the other job's one record
 
         [report] = _poll(endpoint.dispatcher)
         assert (report.job_id, report.outcome, report.iterations_done) == (
@@ -318,6 +369,7 @@ def test_nul_and_non_finite_values_from_trial_code_are_scrubbed_where_they_enter
             pb.AgentMessage(
                 exit=pb.JobExit(
                     job_id=job_id,
+                    attempt=1,
                     outcome=pb.OUTCOME_FAILED,
                     error_tail="boom\0",
                     metrics=metrics,
@@ -341,6 +393,7 @@ def test_nul_and_non_finite_values_from_trial_code_are_scrubbed_where_they_enter
 def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
     endpoint.stub.Register(register_request(), metadata=endpoint.auth())
     job_id = add_job(endpoint)
+    allocate(endpoint, job_id, {0: 0, 1: 1})
     # The agent reconnects after a scheduler restart and says what it still runs.
     stream = Stream(endpoint, hello(running={job_id: {0: 0, 1: 1}}))
     try:
@@ -359,6 +412,7 @@ def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
 def test_a_reconfiguration_reaches_every_node_of_the_job(endpoint: Endpoint) -> None:
     endpoint.stub.Register(register_request(), metadata=endpoint.auth())
     job_id = add_job(endpoint)
+    allocate(endpoint, job_id, {0: 0})
     stream = Stream(endpoint, hello(running={job_id: {0: 0}}))
     try:
         _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
@@ -395,7 +449,9 @@ def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
 ) -> None:
     endpoint.stub.Register(register_request(gpus=3), metadata=endpoint.auth())
     running, finished, queued = add_job(endpoint), add_job(endpoint), add_job(endpoint)
-    done = pb.JobExit(job_id=finished, outcome=pb.OUTCOME_SUCCEEDED, iteration=10)
+    allocate(endpoint, running, {0: 1})
+    allocate(endpoint, finished, {0: 0})
+    done = pb.JobExit(job_id=finished, attempt=1, outcome=pb.OUTCOME_SUCCEEDED, iteration=10)
     stream = Stream(endpoint, hello(running={running: {0: 1}}, exits=[done]))
     try:
         _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
@@ -408,9 +464,9 @@ def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
         assert (report.job_id, report.outcome) == (finished, RunOutcome.SUCCEEDED)
 
         # GPU 1 is still held by the running job: a launch onto it waits.
-        onto_busy = Launch(queued, {}, (Worker(0, 0, 0, "node-a", 1),), {}, 0, 50)
+        onto_busy = Launch(queued, {}, (Worker(0, 0, 0, "node-a", 1),), {}, 0, 50, 1)
         assert not endpoint.dispatcher.launch(onto_busy)
-        free = Launch(queued, {}, (Worker(0, 0, 0, "node-a", 2),), {}, 0, 50)
+        free = Launch(queued, {}, (Worker(0, 0, 0, "node-a", 2),), {}, 0, 50, 1)
         assert endpoint.dispatcher.launch(free)
 
         # Declared dead: nothing is believed to run there any more.

@@ -164,6 +164,35 @@ def test_stop_ends_the_job_and_leaves_no_process(supervisor: Supervisor) -> None
     _assert_gone(pids)
 
 
+def test_a_job_never_has_two_runs_here_and_older_attempts_never_start(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    supervisor.launch(_launch(5, ranks=((0, 0),), spec={"max_iterations": _BIG}, attempt=2))
+    pids = supervisor.pids(5)
+    _until(supervisor, _is_report)
+    supervisor.launch(_launch(5, ranks=((0, 0),), attempt=2))  # the same command again
+    # Another attempt while attempt 2 runs (on a free GPU, too): refused, with an exit
+    # of its own attempt, which the scheduler tells from attempt 2's.
+    supervisor.launch(_launch(5, ranks=((0, 1),), attempt=3))
+    _, refused = _until_exit(supervisor, 5)
+    assert (refused.attempt, refused.outcome) == (3, agent_pb2.OUTCOME_FAILED)
+    assert "attempt 2 of this job runs on this node" in refused.error_tail
+    assert supervisor.runs() == {5: (2, {0: 0})} and supervisor.pids(5) == pids
+    config = json.loads((tmp_path / "agent/job-5/rank-0.json").read_text())
+    assert config["attempt"] == 2  # the workers' fence
+
+    supervisor.stop(5)
+    _, end = _until_exit(supervisor, 5)
+    assert (end.attempt, end.outcome) == (2, agent_pb2.OUTCOME_STOPPED)
+    # A late launch of an attempt older than one seen here never starts.
+    supervisor.launch(_launch(5, ranks=((0, 0),), attempt=1))
+    _, stale = _until_exit(supervisor, 5)
+    assert (stale.attempt, stale.outcome) == (1, agent_pb2.OUTCOME_FAILED)
+    assert "attempt 2 of this job ran on this node" in stale.error_tail
+    assert supervisor.running() == {}
+    _assert_gone(pids)
+
+
 def test_a_crashing_user_trial_fails_with_its_traceback(supervisor: Supervisor) -> None:
     workload = f"{__name__}:CrashingTrial"
     supervisor.launch(_launch(4, ranks=((0, 0),), spec={"workload": workload}))

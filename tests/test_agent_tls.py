@@ -84,7 +84,12 @@ def tls_endpoint(engine: Engine, certificates: Path, tmp_path: Path) -> Iterator
 
 def _register(channel: grpc.Channel, token: str) -> pb.RegisterResponse:
     stub = agent_pb2_grpc.AgentServiceStub(channel)
-    request = pb.RegisterRequest(node_name="tls-node", agent_version="test", address="127.0.0.1")
+    request = pb.RegisterRequest(
+        node_name="tls-node",
+        agent_version="test",
+        address="127.0.0.1",
+        instance="tls-node-agent-process",
+    )
     response: pb.RegisterResponse = stub.Register(
         request, metadata=[("authorization", f"Bearer {token}")], timeout=10
     )

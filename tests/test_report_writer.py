@@ -81,7 +81,7 @@ def _iterations(factory: sessionmaker[Session], job_id: int) -> list[int]:
 
 
 def _dropped(telemetry: SchedulerTelemetry) -> float:
-    return telemetry.reports_dropped._value.get()  # type: ignore[attr-defined]
+    return telemetry.reports_dropped.labels("write_failed")._value.get()  # type: ignore[attr-defined]
 
 
 def test_a_row_the_database_refuses_is_dropped_alone(

@@ -27,7 +27,7 @@ from scheduler.plan import Plan, Reconfigure
 from scheduler.policies import POLICIES, fifo
 from scheduler.settings import SchedulerSettings
 from scheduler.snapshot import ClusterSnapshot
-from scheduler.states import JobState
+from scheduler.states import JobState, transition
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30)
@@ -239,6 +239,45 @@ def test_race_with_the_api_is_logged_not_raised(
     # The next round notices the cancelled job still holds its GPU and frees it.
     assert loop.run_round(T0 + timedelta(seconds=1)).released == 1
     assert held_gpus(factory, job_id) == []
+
+
+class RefusingTwice(SimulatedDispatcher):
+    """Refuses the first two launches (a node not connected yet), then takes them."""
+
+    refused: int = 0
+    attempts: list[int] = []
+
+    def launch(self, launch: Launch) -> bool:
+        self.attempts = [*self.attempts, launch.attempt]
+        if self.refused < 2:
+            self.refused += 1
+            return False
+        return super().launch(launch)
+
+
+def test_every_launch_that_reached_an_agent_has_an_attempt_of_its_own(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 1})
+    job_id = add_job(factory, 1)
+    dispatcher = RefusingTwice(iterations_per_second=1)
+    loop, _ = service(factory, dispatcher)
+    for second in range(3):
+        loop.run_round(T0 + timedelta(seconds=second))
+    # Refused launches sent nothing: their attempt goes to the next placement.
+    assert dispatcher.attempts == [1, 1, 1]
+    with transaction(factory) as session:
+        job = session.get_one(Job, job_id)
+        assert (job.state, job.attempts) == (JobState.RUNNING, 1)
+        transition(session, job, JobState.QUEUED, actor="test", message="processes gone")
+        session.execute(update(Allocation).values(released_at=T0))
+    loop.run_round(T0 + timedelta(seconds=3))
+    assert dispatcher.attempts[-1] == 2
+    with factory() as session:
+        held = session.scalars(
+            select(Allocation.attempt).where(Allocation.released_at.is_(None))
+        ).all()
+    assert held == [2]
 
 
 class FailingOnce(SimulatedDispatcher):

@@ -1,10 +1,13 @@
 """The node agent's gRPC client: register with the scheduler, then hold a Connect stream.
 
 The agent dials the scheduler (`jigsaw.v1.AgentService`). On the stream it sends a Hello
-with what still runs here, heartbeats, batched iteration reports, evaluations, log lines
-and job exits, and it hands the scheduler's commands to the `Supervisor`. When the
-scheduler is unreachable or restarting, jobs keep running and the agent redials with
-randomized exponential backoff; a refused token is fatal.
+with what still runs here (each run with its attempt), heartbeats, batched iteration
+reports, evaluations, log lines and job exits, and it hands the scheduler's commands to
+the `Supervisor`. When the scheduler is unreachable or restarting, jobs keep running and
+the agent redials with randomized exponential backoff; a refused token is fatal. Every
+call carries the process's instance key, drawn once at start: while another agent
+process holds this node's name the scheduler answers ALREADY_EXISTS, and the agent
+keeps retrying until that one is gone.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import logging
 import queue
 import random
+import secrets
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import grpc
 
@@ -85,8 +90,17 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
     )
     pump.start()
     channel = _channel(settings)
+    identity = _Identity(settings.node_name, secrets.token_urlsafe(32))
     try:
-        _serve(settings, slots, supervisor, outbox, agent_pb2_grpc.AgentServiceStub(channel), stop)
+        _serve(
+            settings,
+            identity,
+            slots,
+            supervisor,
+            outbox,
+            agent_pb2_grpc.AgentServiceStub(channel),
+            stop,
+        )
     finally:
         channel.close()
         supervisor.close()
@@ -96,19 +110,28 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
         logger.info("agent stopped")
 
 
+@dataclass(frozen=True)
+class _Identity:
+    """Who this agent process is to the scheduler: its node and its instance key."""
+
+    node_name: str
+    instance: str  # secret: it proves a reconnect comes from this very process
+
+
 def _serve(
     settings: AgentSettings,
+    identity: _Identity,
     slots: list[GpuSlot],
     supervisor: Supervisor,
     outbox: Outbox,
     stub: agent_pb2_grpc.AgentServiceStub,
     stop: threading.Event,
 ) -> None:
-    attempt = 0
+    redials = 0
     while not stop.is_set():
         started = time.monotonic()
         try:
-            _session(settings, slots, supervisor, outbox, stub, stop)
+            _session(settings, identity, slots, supervisor, outbox, stub, stop)
             if not stop.is_set():
                 logger.warning("the scheduler ended the stream; reconnecting")
         except grpc.RpcError as exc:
@@ -125,18 +148,21 @@ def _serve(
                     details,
                 )
                 raise AgentRejected(f"{code.name}: {details}") from exc
-            logger.warning(
-                "scheduler at %s unreachable or the stream broke (%s: %s); jobs keep running",
-                settings.scheduler,
-                code.name,
-                details,
-            )
+            if code is grpc.StatusCode.ALREADY_EXISTS:
+                logger.warning("another agent process serves this node: %s", details)
+            else:
+                logger.warning(
+                    "scheduler at %s unreachable or the stream broke (%s: %s); jobs keep running",
+                    settings.scheduler,
+                    code.name,
+                    details,
+                )
         except (OSError, ValueError) as exc:  # e.g. the token file is being rotated
             logger.error("cannot dial the scheduler: %s", exc)
         if time.monotonic() - started > settings.reconnect_max_seconds:
-            attempt = 0  # the last session was healthy for a while: start over quickly
-        stop.wait(_backoff(attempt, settings.reconnect_max_seconds))
-        attempt += 1
+            redials = 0  # the last session was healthy for a while: start over quickly
+        stop.wait(_backoff(redials, settings.reconnect_max_seconds))
+        redials += 1
 
 
 def _backoff(attempt: int, cap: float) -> float:
@@ -146,6 +172,7 @@ def _backoff(attempt: int, cap: float) -> float:
 
 def _session(
     settings: AgentSettings,
+    identity: _Identity,
     slots: list[GpuSlot],
     supervisor: Supervisor,
     outbox: Outbox,
@@ -156,10 +183,11 @@ def _session(
     metadata = (("authorization", f"Bearer {settings.bearer_token()}"),)
     registered = stub.Register(
         agent_pb2.RegisterRequest(
-            node_name=settings.node_name,
+            node_name=identity.node_name,
             gpus=[slot.to_proto() for slot in slots],
             agent_version=AGENT_VERSION,
             address=settings.address,
+            instance=identity.instance,
         ),
         metadata=metadata,
         timeout=_REGISTER_TIMEOUT_SECONDS,
@@ -174,7 +202,7 @@ def _session(
     )
     ended = threading.Event()
     call = stub.Connect(
-        _requests(settings.node_name, supervisor, outbox, heartbeat, ended), metadata=metadata
+        _requests(identity, supervisor, outbox, heartbeat, ended), metadata=metadata
     )
     canceller = threading.Thread(
         target=_cancel_on_stop, args=(call, stop, ended), name="jigsaw-cancel", daemon=True
@@ -190,7 +218,7 @@ def _session(
 
 
 def _requests(
-    node_name: str,
+    identity: _Identity,
     supervisor: Supervisor,
     outbox: Outbox,
     heartbeat: float,
@@ -199,13 +227,19 @@ def _requests(
     running = [
         agent_pb2.RunningJob(
             job_id=job_id,
+            attempt=attempt,
             ranks=[
                 agent_pb2.RankAssignment(rank=rank, gpu_index=gpu) for rank, gpu in ranks.items()
             ],
         )
-        for job_id, ranks in supervisor.running().items()
+        for job_id, (attempt, ranks) in supervisor.runs().items()
     ]
-    hello = agent_pb2.Hello(node_name=node_name, running=running, exits=outbox.take_exits())
+    hello = agent_pb2.Hello(
+        node_name=identity.node_name,
+        running=running,
+        exits=outbox.take_exits(),
+        instance=identity.instance,
+    )
     yield agent_pb2.AgentMessage(hello=hello)
     next_heartbeat = time.monotonic() + heartbeat
     while not ended.is_set():

@@ -121,6 +121,7 @@ class _Pooled:
 @dataclass
 class _Job:
     job_id: int
+    attempt: int  # the launch's fence: its exit carries it back
     iteration: int  # the last boundary reported
     config_version: int
     config: dict[str, Any]
@@ -149,6 +150,8 @@ class Supervisor:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._jobs: dict[int, _Job] = {}
+        # The newest attempt of each job launched here: an older launch never starts.
+        self._attempts: dict[int, int] = {}
         self._authkey = secrets.token_hex(32)
         # Loopback only, and every connection must prove it knows the authkey (HMAC).
         self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey.encode())
@@ -179,26 +182,44 @@ class Supervisor:
     def launch(self, command: agent_pb2.LaunchCommand) -> None:
         """Start this node's ranks of a job (a resume is a launch with start_iteration > 0).
 
-        A launch for a job already running here is ignored; one that cannot be carried out
-        ends the job at once with a FAILED exit that says why.
+        A job never has two runs here: the launch of the attempt already running is
+        ignored (a repeated command), and one of another attempt is refused, as is one
+        older than an attempt this agent has seen (a stale command must not start a
+        second incarnation beside the job's current one). A refused launch, or one that
+        cannot be carried out, ends that attempt at once with a FAILED exit that says why.
         """
         with self._lock:
-            if command.job_id in self._jobs:
+            job_id, attempt = command.job_id, command.attempt
+            running = self._jobs.get(job_id)
+            if running is not None and running.attempt == attempt:
                 logger.warning(
-                    "job %d already runs here: launch ignored",
-                    command.job_id,
-                    extra={"job_id": command.job_id},
+                    "job %d attempt %d already runs here: launch ignored",
+                    job_id,
+                    attempt,
+                    extra={"job_id": job_id},
                 )
                 return
+            newest = self._attempts.get(job_id, attempt)
+            if running is not None or attempt < newest:
+                self._fail_before_start(
+                    job_id,
+                    f"launch of attempt {attempt} refused: attempt "
+                    f"{running.attempt if running is not None else newest} of this job "
+                    f"{'runs' if running is not None else 'ran'} on this node",
+                    attempt,
+                )
+                return
+            self._attempts[job_id] = attempt
             try:
                 configs = self._worker_configs(command)
             except LaunchError as exc:
-                self._fail_before_start(command.job_id, str(exc))
+                self._fail_before_start(job_id, str(exc), attempt)
                 return
             # Every rank starts from the launch's SPB configuration; reconfigurations
             # with newer versions follow at boundaries.
             job = _Job(
-                command.job_id,
+                job_id,
+                attempt,
                 command.start_iteration,
                 command.config_version,
                 dict(configs[0].spb),
@@ -271,9 +292,13 @@ class Supervisor:
 
     def running(self) -> dict[int, dict[int, int]]:
         """The jobs with processes on this node: rank -> GPU index of each."""
+        return {job_id: ranks for job_id, (_, ranks) in self.runs().items()}
+
+    def runs(self) -> dict[int, tuple[int, dict[int, int]]]:
+        """The jobs with processes on this node: the attempt and rank -> GPU index."""
         with self._lock:
             return {
-                job_id: {r: rank.gpu_index for r, rank in sorted(job.ranks.items())}
+                job_id: (job.attempt, {r: rank.gpu_index for r, rank in sorted(job.ranks.items())})
                 for job_id, job in self._jobs.items()
             }
 
@@ -350,6 +375,7 @@ class Supervisor:
             return [
                 WorkerConfig(
                     job_id=command.job_id,
+                    attempt=command.attempt,
                     workload=spec.workload,
                     hyperparameters=spec.hyperparameters,
                     rank=assignment.rank,
@@ -423,7 +449,7 @@ class Supervisor:
             logger.error("job %d: %s", job.job_id, job.failure, extra={"job_id": job.job_id})
             if not job.ranks:
                 del self._jobs[job.job_id]
-                self.outbound.put(_failed_exit(job.job_id, job.failure))
+                self.outbound.put(_failed_exit(job.job_id, job.failure, job.attempt))
                 return
             _signal_ranks(job, signal.SIGKILL)
 
@@ -464,9 +490,9 @@ class Supervisor:
             start_new_session=True,
         )
 
-    def _fail_before_start(self, job_id: int, message: str) -> None:
+    def _fail_before_start(self, job_id: int, message: str, attempt: int) -> None:
         logger.error("job %d: launch refused: %s", job_id, message, extra={"job_id": job_id})
-        self.outbound.put(_failed_exit(job_id, message))
+        self.outbound.put(_failed_exit(job_id, message, attempt))
 
     def _kill(self, job: _Job) -> None:
         with self._lock:
@@ -808,8 +834,10 @@ def json_object(text: str, name: str) -> dict[str, Any]:
     return value
 
 
-def _failed_exit(job_id: int, message: str) -> agent_pb2.JobExit:
-    return agent_pb2.JobExit(job_id=job_id, outcome=agent_pb2.OUTCOME_FAILED, error_tail=message)
+def _failed_exit(job_id: int, message: str, attempt: int) -> agent_pb2.JobExit:
+    return agent_pb2.JobExit(
+        job_id=job_id, outcome=agent_pb2.OUTCOME_FAILED, error_tail=message, attempt=attempt
+    )
 
 
 def _job_exit(job: _Job) -> agent_pb2.JobExit:
@@ -840,6 +868,7 @@ def _job_exit(job: _Job) -> agent_pb2.JobExit:
     )
     return agent_pb2.JobExit(
         job_id=job.job_id,
+        attempt=job.attempt,
         outcome=_PROTO_OUTCOME[outcome],
         exit_code=exit_code,
         iteration=max(iterations, default=job.iteration),

@@ -1,11 +1,19 @@
 """`AgentDispatcher`: the scheduler loop's `Dispatcher` over connected worker agents.
 
 Each connected agent has one `AgentSession` (its Connect stream); commands are queued on
-the session's outbox and the stream's handler sends them. What runs where is learnt from
-the dispatcher's own launches and from each agent's Hello on (re)connect, so a restarted
-scheduler knows what survived without relaunching anything. Job exits are queued by the
-stream handlers and only applied in `poll`, on the loop's thread, so the loop never sees
-a job vanish from `active()` before it has seen the exit that explains it.
+the session's outbox and the stream's handler sends them. A node name is held by one
+live session at a time: another agent process (another instance key) claiming it is
+refused (`NodeTaken`) until that session ends or falls silent past the agent timeout.
+
+What runs where is learnt from the dispatcher's own launches and from each agent's
+Hello on (re)connect, checked against the database: a run is the job's *current* one on
+a node only when the node holds the job's active allocations of that attempt and the
+run was launched to the very agent process that claims it; only a current run's
+messages count. A claim of an earlier run (the job moved on) is a *stray*, kept only to
+be stopped or suspended; anything else is dropped and the claimant told to stop it. Job
+exits are queued by the stream handlers and only applied in `poll`, on the loop's
+thread, so the loop never sees a job vanish from `active()` before it has seen the exit
+that explains it.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import logging
 import queue
 import random
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,7 +34,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome
-from scheduler.models.agents import node_addresses
+from scheduler.models.agents import (
+    NodeRun,
+    bind_run,
+    instance_digest,
+    node_addresses,
+    runs_on_node,
+)
 from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -37,6 +52,34 @@ _OUTCOMES = {
     pb.OUTCOME_STOPPED: RunOutcome.STOPPED,
 }
 
+# Why a job-scoped message from an agent was dropped (`jigsaw_reports_dropped_total`).
+NOT_ALLOCATED = "not_allocated"  # the job is not this node's, now or ever
+STALE_ATTEMPT = "stale_attempt"  # of a run the job has moved on from
+OTHER_AGENT = "other_agent"  # the run was launched to another agent process
+
+
+@dataclass
+class Run:
+    """A job's processes on one node, as far as the scheduler knows."""
+
+    attempt: int
+    ranks: dict[int, int]  # rank -> GPU index
+    instance: str  # the key of the agent process running them
+    current: bool  # the job's current run here; False: a stray, only to be ended
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A job-scoped message the dispatcher would not take, and why."""
+
+    kind: str  # running, exit, reports, log, evaluation, profile
+    job_id: int
+    reason: str
+
+
+class NodeTaken(Exception):
+    """Another live agent session holds the node name; the text says which."""
+
 
 @dataclass
 class AgentSession:
@@ -45,11 +88,18 @@ class AgentSession:
     node_name: str
     node_id: int
     agent_id: int
+    instance: str  # the agent process's secret key (see agent.proto's RegisterRequest)
+    peer: str = ""
     outbox: queue.Queue[pb.SchedulerMessage | None] = field(default_factory=queue.Queue)
     closed: threading.Event = field(default_factory=threading.Event)
+    last_seen: float = field(default_factory=time.monotonic)
 
     def send(self, message: pb.SchedulerMessage) -> None:
         self.outbox.put(message)
+
+    def seen(self) -> None:
+        """The agent just spoke on this stream."""
+        self.last_seen = time.monotonic()
 
     def close(self) -> None:
         if not self.closed.is_set():
@@ -71,15 +121,19 @@ class AgentDispatcher:
         checkpoint_root: Path,
         checkpoint_every: int,
         ports: RendezvousPorts,
+        session_timeout_seconds: float = 30.0,
     ) -> None:
         self._factory = factory
         self._checkpoint_root = checkpoint_root
         self._checkpoint_every = checkpoint_every
         self._ports = ports
+        self._session_timeout = session_timeout_seconds
         self._lock = threading.Lock()
         self._sessions: dict[str, AgentSession] = {}
-        # job -> node -> {rank: GPU index} there, for every job whose processes may live.
-        self._jobs: dict[int, dict[str, dict[int, int]]] = {}
+        # The instance key of the agent process each node's runs belong to.
+        self._instances: dict[str, str] = {}
+        # job -> node -> its run there, for every job whose processes may live.
+        self._jobs: dict[int, dict[str, Run]] = {}
         self._job_ports: dict[int, int] = {}
         # (job, node) pairs already told to stop or suspend: each command goes out once.
         self._stopping: set[tuple[int, str]] = set()
@@ -88,32 +142,62 @@ class AgentDispatcher:
 
     # -- sessions (called by the gRPC service) ----------------------------------------
 
+    def holder(self, node_name: str, instance: str) -> str | None:
+        """Why `instance` may not claim `node_name` now (another live session holds
+        it), or None."""
+        with self._lock:
+            return self._holder(node_name, instance)
+
     def open_session(
         self,
         node_name: str,
         node_id: int,
         agent_id: int,
-        running: Mapping[int, Mapping[int, int]],
-        exits: Sequence[pb.JobExit] = (),
-    ) -> AgentSession:
-        """A (re)connected agent, the jobs it still runs (job -> rank -> GPU index) and
-        the exits it could not send while disconnected; replaces an older stream."""
-        session = AgentSession(node_name, node_id, agent_id)
+        hello: pb.Hello,
+        peer: str = "",
+    ) -> tuple[AgentSession, list[Dropped]]:
+        """A (re)connected agent: what it still runs and the exits it could not send
+        while disconnected, each checked against the database. Replaces an older stream
+        of the same agent process; raises NodeTaken while another one holds the name.
+
+        Returns the session and what of the hello was not taken. The agent is told to
+        stop the runs it claimed that are neither current nor strays.
+        """
+        instance = hello.instance
+        mentioned = {job.job_id for job in hello.running} | {e.job_id for e in hello.exits}
+        with transaction(self._factory) as db:
+            stored = runs_on_node(db, node_id, mentioned)
+        session = AgentSession(node_name, node_id, agent_id, instance, peer)
+        dropped: list[Dropped] = []
         with self._lock:
+            problem = self._holder(node_name, instance)
+            if problem is not None:
+                raise NodeTaken(problem)
             previous = self._sessions.pop(node_name, None)
             self._sessions[node_name] = session
-            for job_id, ranks in running.items():
-                self._jobs.setdefault(job_id, {})[node_name] = dict(ranks)
-            for message in exits:
-                # Known to have run here until the exit is polled, like any other exit.
-                self._jobs.setdefault(message.job_id, {}).setdefault(node_name, {})
-                self._exits.put((node_name, message))
+            if self._instances.get(node_name, instance) != instance:
+                # Another agent process now serves the node: the old one's runs cannot be
+                # reached any more (its workers die with it), so they are forgotten.
+                self._forget(node_name)
+            self._instances[node_name] = instance
+            for job in hello.running:
+                ranks = {a.rank: a.gpu_index for a in job.ranks}
+                run = self._claim(node_name, instance, job.job_id, job.attempt, ranks, stored)
+                if isinstance(run, str):
+                    dropped.append(Dropped("running", job.job_id, run))
+                    session.send(_stop(job.job_id, f"not this node's current run: {run}"))
+                else:
+                    self._jobs.setdefault(job.job_id, {})[node_name] = run
+            for message in hello.exits:
+                reason = self._exit(node_name, instance, message, stored)
+                if reason is not None:
+                    dropped.append(Dropped("exit", message.job_id, reason))
             # Commands sent over the old stream may have been lost with it.
             self._stopping = {(j, n) for j, n in self._stopping if n != node_name}
             self._suspending = {(j, n) for j, n in self._suspending if n != node_name}
         if previous is not None:
             previous.close()
-        return session
+        return session, dropped
 
     def node_lost(self, node_name: str) -> None:
         """The scheduler gave up on the node's agent: forget what ran there.
@@ -122,11 +206,7 @@ class AgentDispatcher:
         and the loop stops those strays.
         """
         with self._lock:
-            for job_id in list(self._jobs):
-                self._jobs[job_id].pop(node_name, None)
-                if not self._jobs[job_id]:
-                    del self._jobs[job_id]
-                    self._job_ports.pop(job_id, None)
+            self._forget(node_name)
 
     def close_session(self, session: AgentSession) -> None:
         """The stream ended. Jobs keep their entries: agents outlive short outages."""
@@ -135,12 +215,17 @@ class AgentDispatcher:
             if self._sessions.get(session.node_name) is session:
                 del self._sessions[session.node_name]
 
-    def runs_on(self, node_name: str, job_id: int) -> bool:
+    def refusal(self, session: AgentSession, job_id: int) -> str | None:
+        """Why a message of `session` about `job_id` must be dropped, or None to take it."""
         with self._lock:
-            return node_name in self._jobs.get(job_id, {})
+            run = self._jobs.get(job_id, {}).get(session.node_name)
+            return _refusal(run, session.instance)
 
-    def job_exited(self, node_name: str, message: pb.JobExit) -> None:
-        self._exits.put((node_name, message))
+    def job_exited(self, session: AgentSession, message: pb.JobExit) -> str | None:
+        """Queue the exit of the current run for `poll`; a stray's exit only ends the
+        stray. Returns why the exit is not applied, or None."""
+        with self._lock:
+            return self._exit(session.node_name, session.instance, message, {})
 
     # -- Dispatcher -------------------------------------------------------------------
 
@@ -151,11 +236,11 @@ class AgentDispatcher:
                 pb.RankAssignment(rank=worker.rank, gpu_index=worker.gpu_index)
             )
         master_node = launch.workers[0].node_name
-        with transaction(self._factory) as session:
-            master_addr = node_addresses(session, [master_node]).get(master_node, "")
         with self._lock:
-            sessions = {node: self._sessions.get(node) for node in by_node}
-            missing = sorted(node for node, s in sessions.items() if s is None)
+            sessions = {
+                node: agent for node in by_node if (agent := self._sessions.get(node)) is not None
+            }
+            missing = sorted(set(by_node) - set(sessions))
             if missing:
                 logger.warning(
                     "job %d not launched: %s not connected",
@@ -188,10 +273,44 @@ class AgentDispatcher:
                 return False
             port = self._free_port()
             self._job_ports[launch.job_id] = port
-            self._jobs[launch.job_id] = {
-                node: {a.rank: a.gpu_index for a in assignments}
+            runs = {
+                node: Run(
+                    launch.attempt,
+                    {a.rank: a.gpu_index for a in assignments},
+                    sessions[node].instance,
+                    current=True,
+                )
                 for node, assignments in by_node.items()
             }
+            self._jobs[launch.job_id] = runs
+        try:
+            messages = self._launch_messages(launch, by_node, runs, master_node, port)
+        except Exception:
+            with self._lock:
+                self._drop_job(launch.job_id)
+            raise
+        # Only once every command is built: a launch is sent to all its nodes or to none.
+        for node, message in messages.items():
+            sessions[node].send(message)
+        return True
+
+    def _launch_messages(
+        self,
+        launch: Launch,
+        by_node: Mapping[str, list[pb.RankAssignment]],
+        runs: Mapping[str, Run],
+        master_node: str,
+        port: int,
+    ) -> dict[str, pb.SchedulerMessage]:
+        """Each node's command; first the runs' agent processes are stored, so that a
+        Hello claiming the run after a restart of the scheduler finds whom it was
+        launched to."""
+        with transaction(self._factory) as db:
+            master_addr = node_addresses(db, [master_node]).get(master_node, "")
+            for node, run in runs.items():
+                gpu_ids = [w.gpu_id for w in launch.workers if w.node_name == node]
+                bind_run(db, launch.job_id, launch.attempt, gpu_ids, instance_digest(run.instance))
+        messages = {}
         for node, assignments in by_node.items():
             command = pb.LaunchCommand(
                 job_id=launch.job_id,
@@ -206,14 +325,14 @@ class AgentDispatcher:
                 config_version=0,
                 checkpoint_dir=str(self._checkpoint_root / f"job-{launch.job_id}"),
                 checkpoint_every=self._checkpoint_every,
+                attempt=launch.attempt,
             )
-            message = (
+            messages[node] = (
                 pb.SchedulerMessage(resume=command)
                 if launch.start_iteration > 0
                 else pb.SchedulerMessage(launch=command)
             )
-            sessions[node].send(message)  # type: ignore[union-attr]
-        return True
+        return messages
 
     def stop(self, job_id: int, node: str | None = None) -> None:
         self._command(job_id, node, self._stopping, "stop")
@@ -245,13 +364,7 @@ class AgentDispatcher:
             except queue.Empty:
                 break
             with self._lock:
-                nodes = self._jobs.get(message.job_id, {})
-                nodes.pop(node, None)
-                if not nodes:
-                    self._jobs.pop(message.job_id, None)
-                    self._job_ports.pop(message.job_id, None)
-                self._stopping.discard((message.job_id, node))
-                self._suspending.discard((message.job_id, node))
+                self._end_run(message.job_id, node)
             outcome = _OUTCOMES.get(message.outcome, RunOutcome.FAILED)
             reports.append(
                 Report(
@@ -295,13 +408,115 @@ class AgentDispatcher:
             else:
                 session.send(pb.SchedulerMessage(suspend=pb.SuspendCommand(job_id=job_id)))
 
+    def _holder(self, node_name: str, instance: str) -> str | None:
+        """As `holder` (lock held); a session silent past the timeout is closed."""
+        current = self._sessions.get(node_name)
+        if current is None or current.instance == instance or current.closed.is_set():
+            return None
+        silent = time.monotonic() - current.last_seen
+        if silent > self._session_timeout:
+            logger.warning(
+                "node %s: its agent session has been silent for %.0f s; another agent "
+                "process takes the name over",
+                node_name,
+                silent,
+                extra={"node": node_name},
+            )
+            current.close()
+            return None
+        return (
+            f"node {node_name!r} is held by another live agent process (connected from "
+            f"{current.peer or 'an unknown peer'}, heard from {silent:.0f} s ago); a node "
+            f"name serves one agent at a time: retry once it disconnects or has been silent "
+            f"for {self._session_timeout:.0f} s"
+        )
+
+    def _claim(
+        self,
+        node_name: str,
+        instance: str,
+        job_id: int,
+        attempt: int,
+        ranks: dict[int, int],
+        stored: Mapping[int, NodeRun],
+    ) -> Run | str:
+        """The run a Hello claims, or why it is not taken (lock held)."""
+        known = self._jobs.get(job_id, {}).get(node_name)
+        if known is not None and known.instance == instance and known.attempt == attempt:
+            return known  # the same process reconnecting: what it was
+        held = stored.get(job_id)
+        if held is None:
+            return NOT_ALLOCATED
+        if held.ranks:
+            # The node holds the job now: only the run launched to this process counts.
+            if held.agent_instance != instance_digest(instance):
+                return OTHER_AGENT
+            if attempt != held.attempt:
+                return STALE_ATTEMPT if attempt < held.attempt else NOT_ALLOCATED
+            if ranks != held.ranks:
+                return NOT_ALLOCATED
+            return Run(attempt, ranks, instance, current=True)
+        # The job moved on from this node: its processes are ended, then forgotten.
+        return Run(attempt, ranks, instance, current=False)
+
+    def _exit(
+        self, node_name: str, instance: str, message: pb.JobExit, stored: Mapping[int, NodeRun]
+    ) -> str | None:
+        """Queue the exit of the run it ends, or say why not (lock held).
+
+        `stored`: the database's runs on the node, for exits sent in a Hello.
+        """
+        job_id = message.job_id
+        run = self._jobs.get(job_id, {}).get(node_name)
+        if run is None:
+            held = stored.get(job_id)
+            if held is None:
+                return NOT_ALLOCATED
+            if (
+                not held.ranks
+                or held.agent_instance != instance_digest(instance)
+                or held.attempt != message.attempt
+            ):
+                return STALE_ATTEMPT
+            # Known to have run here until the exit is polled, like any other exit.
+            run = Run(held.attempt, dict(held.ranks), instance, current=True)
+            self._jobs.setdefault(job_id, {})[node_name] = run
+        reason = _refusal(run, instance)
+        if reason is None and message.attempt != run.attempt:
+            reason = STALE_ATTEMPT
+        if reason is None:
+            self._exits.put((node_name, message))
+        elif run.instance == instance and run.attempt == message.attempt:
+            self._end_run(job_id, node_name)  # a stray's end: nothing to apply
+        return reason
+
+    def _end_run(self, job_id: int, node_name: str) -> None:
+        """The job's processes on the node are gone (lock held)."""
+        nodes = self._jobs.get(job_id, {})
+        nodes.pop(node_name, None)
+        if not nodes:
+            self._drop_job(job_id)
+        self._stopping.discard((job_id, node_name))
+        self._suspending.discard((job_id, node_name))
+
+    def _drop_job(self, job_id: int) -> None:
+        self._jobs.pop(job_id, None)
+        self._job_ports.pop(job_id, None)
+
+    def _forget(self, node_name: str) -> None:
+        """Nothing is believed to run on the node any more (lock held)."""
+        for job_id in list(self._jobs):
+            self._jobs[job_id].pop(node_name, None)
+            if not self._jobs[job_id]:
+                self._drop_job(job_id)
+
     def _busy_gpus(self, wanted: Mapping[str, Sequence[pb.RankAssignment]]) -> list[str]:
         """`node:index` of the wanted GPUs that processes of any job still hold (lock held)."""
         held = {
             (node, gpu)
             for nodes in self._jobs.values()
-            for node, ranks in nodes.items()
-            for gpu in ranks.values()
+            for node, run in nodes.items()
+            for gpu in run.ranks.values()
         }
         return sorted(
             f"{node}:{a.gpu_index}"
@@ -327,3 +542,19 @@ def _exit_message(node: str, message: pb.JobExit, outcome: RunOutcome) -> str:
         return f"{outcome.value} on {node} at iteration {message.iteration}"
     tail = message.error_tail.strip()
     return f"failed on {node} (exit code {message.exit_code}): {tail}"
+
+
+def _refusal(run: Run | None, instance: str) -> str | None:
+    """Why a message about a job from `instance` must be dropped, given its run on the
+    sender's node; None when the run is current and the sender's."""
+    if run is None:
+        return NOT_ALLOCATED
+    if run.instance != instance:
+        return OTHER_AGENT
+    if not run.current:
+        return STALE_ATTEMPT
+    return None
+
+
+def _stop(job_id: int, reason: str) -> pb.SchedulerMessage:
+    return pb.SchedulerMessage(stop=pb.StopCommand(job_id=job_id, reason=reason))

@@ -216,7 +216,7 @@ class ReportWriter:
         # writer, which would block every agent.
         size = len(item.rows) if isinstance(item, _Metrics) else 1
         if self._telemetry is not None:
-            self._telemetry.reports_dropped.inc(size)
+            self._telemetry.reports_dropped.labels("write_failed").inc(size)
         logger.warning(
             "job %d: could not store %s (%d row(s)); dropped: %s",
             item.job_id,

@@ -2,13 +2,21 @@
 
 Every message is validated before it touches state: a malformed Register or Connect is
 rejected with INVALID_ARGUMENT (or FAILED_PRECONDITION for a node that never
-registered) and a clear message, and writes nothing. Reports about jobs the agent was
-not given are dropped and counted, never written.
+registered) and a clear message, and writes nothing. A node name is held by one agent
+process at a time: another one's Register or Connect is refused with ALREADY_EXISTS
+while the holder's session lives. What an agent says about a job (a hello's running
+jobs and exits, reports, logs, evaluations, exits, profiles) is taken only for the
+jobs the scheduler allocated to that agent's node in their current attempt (the
+dispatcher's `refusal`); everything else is dropped, counted in
+`jigsaw_reports_dropped_total{reason}` and logged as a warning.
 
 Much of what an agent forwards was written by trial code, which is not trusted: every
 message is scrubbed where it enters (`agents.scrub`: no NUL, no non-finite metric), and
-an invalid iteration record or profile is dropped and counted without ending the stream,
-which carries the agent's other jobs and its heartbeats.
+an invalid iteration record or profile is dropped and counted (reason `invalid`) without
+ending the stream, which carries the agent's other jobs and its heartbeats. Records an
+agent replays after a restart are history of a run the scheduler may have forgotten:
+they are taken for any job ever allocated to that node, and only for iterations the job
+has no row for.
 """
 
 from __future__ import annotations
@@ -18,15 +26,15 @@ import logging
 import math
 import re
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from prometheus_client import Counter
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler.agents.dispatcher import AgentDispatcher, AgentSession
+from scheduler.agents.dispatcher import AgentDispatcher, AgentSession, Dropped, NodeTaken
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.scrub import scrub
 from scheduler.db import transaction
@@ -35,6 +43,7 @@ from scheduler.models.agents import GpuSlot, ran_on, register
 from scheduler.models.profiles import save_profile
 from scheduler.orm import Agent, Node
 from scheduler.spb import SPBProfile
+from scheduler.telemetry import SchedulerTelemetry
 from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 
@@ -42,22 +51,24 @@ logger = logging.getLogger(__name__)
 
 # Kubernetes node names are DNS subdomains; the same rule keeps names safe everywhere.
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", re.IGNORECASE)
+# An agent process's instance key: drawn at random by the agent, kept secret.
+_INSTANCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _MAX_GPUS = 1024
 _MAX_TEXT = 64 * 1024
-
-DROPPED = Counter(
-    "jigsaw_agent_messages_dropped_total",
-    "Agent messages dropped: about jobs the agent was not given, or malformed.",
-    ["kind"],
-)
-SCRUBBED = Counter(
-    "jigsaw_agent_messages_scrubbed_total",
-    "Agent messages that carried NUL in text or non-finite metrics (see agents.scrub).",
-)
+# One warning per node and reason in this many seconds: a flood of bad messages is
+# counted in full but does not flood the log.
+_DROP_WARNING_SECONDS = 10.0
 
 
 class InvalidMessage(ValueError):
     """An agent message that breaks the protocol; its text is what the agent is told."""
+
+
+def check_instance(instance: str) -> None:
+    if not _INSTANCE.fullmatch(instance):
+        raise InvalidMessage(
+            "instance must be the agent process's random key: 16-128 letters, digits, '-', '_'"
+        )
 
 
 def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
@@ -75,6 +86,7 @@ def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
     for gpu in request.gpus:
         if gpu.memory_bytes < 0 or not gpu.kind or len(gpu.kind) > 64:
             raise InvalidMessage(f"GPU {gpu.index}: kind must be 1-64 chars, memory >= 0")
+    check_instance(request.instance)
     return [GpuSlot(gpu.index, gpu.kind, gpu.memory_bytes, gpu.virtual) for gpu in request.gpus]
 
 
@@ -148,11 +160,15 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         dispatcher: AgentDispatcher,
         writer: ReportWriter,
         heartbeat_interval_seconds: float,
+        telemetry: SchedulerTelemetry | None = None,
     ) -> None:
         self._factory = factory
         self._dispatcher = dispatcher
         self._writer = writer
         self._heartbeat_interval = heartbeat_interval_seconds
+        self._telemetry = telemetry
+        self._warned: dict[tuple[str, str], float] = {}
+        self._warned_lock = threading.Lock()
 
     def Register(  # noqa: N802 (the generated servicer's name)
         self, request: pb.RegisterRequest, context: grpc.ServicerContext
@@ -161,6 +177,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             slots = gpu_slots(request)
         except InvalidMessage as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        problem = self._dispatcher.holder(request.node_name, request.instance)
+        if problem is not None:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, problem)
         with transaction(self._factory) as session:
             registration = register(
                 session,
@@ -168,6 +187,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 address=request.address or context.peer(),
                 gpus=slots,
                 version=request.agent_version,
+                # Alive once its stream is, not because it registered (a process that
+                # never connects could): its heartbeats say so.
+                heartbeat=False,
             )
         logger.info(
             "agent %s registered %d GPU(s), version %s",
@@ -191,9 +213,14 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message of Connect must be a hello"
             )
             return
-        if scrub(first):
-            SCRUBBED.inc()
+        if scrub(first) and self._telemetry is not None:
+            self._telemetry.reports_scrubbed.inc()
         hello = first.hello
+        try:
+            check_instance(hello.instance)
+        except InvalidMessage as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
         with transaction(self._factory) as session:
             row = session.execute(
                 select(Node.id, Agent.id)
@@ -207,15 +234,20 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             )
             return
         node_id, agent_id = row
-        running = {job.job_id: {a.rank: a.gpu_index for a in job.ranks} for job in hello.running}
-        session_ = self._dispatcher.open_session(
-            hello.node_name, node_id, agent_id, running, hello.exits
-        )
+        try:
+            session_, dropped = self._dispatcher.open_session(
+                hello.node_name, node_id, agent_id, hello, context.peer()
+            )
+        except NodeTaken as exc:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+            return
+        for drop in dropped:
+            self._drop(session_, drop)
         self._writer.heartbeat(agent_id)
         logger.info(
             "agent %s connected, running jobs %s",
             hello.node_name,
-            sorted(running),
+            sorted(job.job_id for job in hello.running),
             extra={"node": hello.node_name, "agent_id": agent_id},
         )
         failure: list[InvalidMessage] = []
@@ -270,44 +302,36 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
 
     def _handle(self, session: AgentSession, message: pb.AgentMessage) -> None:
         kind = message.WhichOneof("body")
+        session.seen()
         self._writer.heartbeat(session.agent_id)
         if kind == "heartbeat":
             return
-        if scrub(message):
-            SCRUBBED.inc()
+        if scrub(message) and self._telemetry is not None:
+            self._telemetry.reports_scrubbed.inc()
         if kind == "reports":
             for job in message.reports.jobs:
-                if self._dispatcher.runs_on(session.node_name, job.job_id) or (
-                    job.replayed and self._ran_on(session, job.job_id)
+                if (job.replayed and self._ran_on(session, job.job_id)) or self._taken(
+                    session, "reports", job.job_id, len(job.records)
                 ):
                     rows, invalid = metric_rows(job.records)
                     self._writer.metrics(job.job_id, rows, replayed=job.replayed)
                     if invalid:
-                        DROPPED.labels("invalid_record").inc(invalid)
-                else:
-                    DROPPED.labels("reports").inc()
+                        self._count_invalid(invalid)
         elif kind == "exit":
-            if self._dispatcher.runs_on(session.node_name, message.exit.job_id):
-                self._dispatcher.job_exited(session.node_name, message.exit)
-            else:
-                DROPPED.labels("exit").inc()
+            reason = self._dispatcher.job_exited(session, message.exit)
+            if reason is not None:
+                self._drop(session, Dropped("exit", message.exit.job_id, reason))
         elif kind == "log":
             log = message.log
-            if self._dispatcher.runs_on(session.node_name, log.job_id):
+            if self._taken(session, "log", log.job_id):
                 self._writer.log(log.job_id, log.rank, log.level[:16], log.message[:_MAX_TEXT])
-            else:
-                DROPPED.labels("log").inc()
         elif kind == "evaluation":
             evaluation = message.evaluation
-            if self._dispatcher.runs_on(session.node_name, evaluation.job_id):
+            if self._taken(session, "evaluation", evaluation.job_id):
                 self._writer.evaluation(evaluation.job_id, dict(evaluation.metrics))
-            else:
-                DROPPED.labels("evaluation").inc()
         elif kind == "profile":
-            if self._dispatcher.runs_on(session.node_name, message.profile.job_id):
+            if self._taken(session, "profile", message.profile.job_id):
                 self._save_profile(session, message.profile)
-            else:
-                DROPPED.labels("profile").inc()
         elif kind == "hello":
             raise InvalidMessage("hello is only the first message of a stream")
         else:
@@ -328,10 +352,42 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             with transaction(self._factory) as db:
                 save_profile(db, profile, device_kind)
         except Exception as exc:
-            DROPPED.labels("invalid_profile").inc()
+            self._count_invalid(1)
             logger.warning(
                 "agent %s: %s; dropped",
                 session.node_name,
                 exc,
                 extra={"node": session.node_name, "job_id": report.job_id},
             )
+
+    def _taken(self, session: AgentSession, kind: str, job_id: int, count: int = 1) -> bool:
+        """Whether a message about `job_id` may be stored; if not, it is counted."""
+        reason = self._dispatcher.refusal(session, job_id)
+        if reason is None:
+            return True
+        self._drop(session, Dropped(kind, job_id, reason), count)
+        return False
+
+    def _drop(self, session: AgentSession, drop: Dropped, count: int = 1) -> None:
+        if self._telemetry is not None:
+            self._telemetry.reports_dropped.labels(drop.reason).inc(count)
+        key = (session.node_name, drop.reason)
+        now = time.monotonic()
+        with self._warned_lock:
+            if now - self._warned.get(key, -math.inf) < _DROP_WARNING_SECONDS:
+                return
+            self._warned[key] = now
+        logger.warning(
+            "agent %s: dropped its %s about job %d (%s); such drops are logged once per "
+            "node and reason every few seconds, and all counted in "
+            "jigsaw_reports_dropped_total",
+            session.node_name,
+            drop.kind,
+            drop.job_id,
+            drop.reason,
+            extra={"node": session.node_name, "agent_id": session.agent_id, "job_id": drop.job_id},
+        )
+
+    def _count_invalid(self, count: int) -> None:
+        if self._telemetry is not None:
+            self._telemetry.reports_dropped.labels("invalid").inc(count)

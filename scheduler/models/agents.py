@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,13 +38,19 @@ def register(
     gpus: Sequence[GpuSlot],
     version: str,
     now: datetime | None = None,
+    heartbeat: bool = True,
 ) -> Registration:
-    """Create or refresh a node, its GPUs and its agent (alive as of `now`).
+    """Create or refresh a node, its GPUs and its agent.
 
     Idempotent: an agent registers again after every reconnect; an admin's drain stays
     (a removed node comes back undrained). GPUs keep their rows
     (and so their allocation history) across registrations; a GPU the agent no longer
     offers stays in the table but is logged, since jobs may still hold it.
+    `heartbeat`: the registration counts as one, the agent is alive as of `now`
+    (simulated nodes, which have no stream); False leaves liveness to the agent's
+    stream (a real agent): a new agent is not alive until its stream's first heartbeat,
+    and registering again neither revives a dead one nor makes a live one look dead for
+    a moment.
     """
     now = now or utcnow()
     node = session.scalar(select(Node).where(Node.name == node_name))
@@ -77,12 +84,13 @@ def register(
         logger.warning("node %s no longer offers GPUs %s", node_name, sorted(existing))
     agent = session.scalar(select(Agent).where(Agent.node_id == node.id))
     if agent is None:
-        agent = Agent(node_id=node.id)
+        agent = Agent(node_id=node.id, alive=False)
         session.add(agent)
     agent.version = version
-    agent.alive = True
     agent.registered_at = now
-    agent.last_heartbeat_at = now
+    if heartbeat:
+        agent.alive = True
+        agent.last_heartbeat_at = now
     session.flush()
     return Registration(agent_id=agent.id, node_id=node.id)
 
@@ -115,3 +123,65 @@ def ran_on(session: Session, job_id: int, node_id: int) -> bool:
         .limit(1)
     )
     return allocation is not None
+
+
+def instance_digest(instance: str) -> str:
+    """What is stored of an agent's secret instance key: enough to recognise it."""
+    return hashlib.sha256(instance.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """What the database says of one job's run on one node."""
+
+    attempt: int  # the attempt of the job's active allocations there; 0 when none
+    ranks: dict[int, int]  # rank -> GPU index of those allocations
+    agent_instance: str | None  # digest of the agent process they were launched to
+
+
+def runs_on_node(session: Session, node_id: int, job_ids: Iterable[int]) -> dict[int, NodeRun]:
+    """The runs of these jobs the node holds or held (jobs it never held are absent)."""
+    ids = set(job_ids)
+    if not ids:
+        return {}
+    held: dict[int, list[tuple[int, int, int, str | None]]] = {}
+    for job_id, rank, index, attempt, instance, released_at in session.execute(
+        select(
+            Allocation.job_id,
+            Allocation.rank,
+            GPU.index,
+            Allocation.attempt,
+            Allocation.agent_instance,
+            Allocation.released_at,
+        )
+        .join(GPU, GPU.id == Allocation.gpu_id)
+        .where(GPU.node_id == node_id, Allocation.job_id.in_(ids))
+    ):
+        active = held.setdefault(job_id, [])
+        if released_at is None:
+            active.append((rank, index, attempt, instance))
+    return {
+        job_id: NodeRun(
+            attempt=max((attempt for _, _, attempt, _ in active), default=0),
+            ranks={rank: index for rank, index, _, _ in active},
+            agent_instance=next((instance for *_, instance in active), None),
+        )
+        for job_id, active in held.items()
+    }
+
+
+def bind_run(
+    session: Session, job_id: int, attempt: int, gpu_ids: Iterable[int], digest: str
+) -> None:
+    """Record which agent process the run of `attempt` on these GPUs was launched to."""
+    session.execute(
+        update(Allocation)
+        .where(
+            Allocation.job_id == job_id,
+            Allocation.attempt == attempt,
+            Allocation.gpu_id.in_(set(gpu_ids)),
+            Allocation.released_at.is_(None),
+        )
+        .values(agent_instance=digest)
+        .execution_options(synchronize_session=False)
+    )

@@ -8,16 +8,27 @@ indexed by rank, instead of rank 0's under `model` and `optimizer`. Rank 0 write
 atomically (temporary file, fsync, rename); a reader sees the previous checkpoint or the
 new one, never a torn file (one file, so a pipeline's stages are never from two
 checkpoints).
+
+Fencing: a job has one live run, but a run the scheduler gave up on (its node lost
+contact, its agent was duplicated) may still be training somewhere. Each run carries
+its attempt, which grows with every placement; `fence` in the directory holds the
+newest attempt that has started there. Every rank claims the directory for its attempt
+before reading the checkpoint, and rank 0 writes only while no newer attempt has
+claimed it, the check and the rename under one file lock: a run that lost the
+directory raises `Fenced` on every rank instead of writing, and ends.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -29,7 +40,19 @@ from worker_agent.runtime.sampling import DataPosition
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.pt"
+FENCE_FILE = "fence"
+_FENCE_LOCK = ".fence.lock"
 _FORMAT = 1
+
+
+class Fenced(RuntimeError):
+    """A newer attempt of the job owns the checkpoint directory: this run must end."""
+
+    def __init__(self, directory: Path, attempt: int, owner: int) -> None:
+        super().__init__(
+            f"attempt {owner} of this job owns {directory}; this run (attempt {attempt}) "
+            "is stale and ends without writing"
+        )
 
 
 @dataclass(frozen=True)
@@ -46,16 +69,20 @@ def save(
     iteration: int,
     position: DataPosition,
     stages: bool = False,
+    attempt: int = 0,
 ) -> None:
     """Collective: every rank calls it; returns once the checkpoint is durable.
 
     `stages`: every rank's `model` and `optimizer` are its own (a pipeline stage's).
+    Raises Fenced on every rank, having written nothing, when a newer attempt than
+    `attempt` has claimed the directory.
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
     # On the CPU: rank 0 must be able to hold (and unpickle) every rank's tensors.
     own = _on_cpu(_trained_state(model, optimizer)) if stages else None
     gathered: list[Any] | None = [None] * world_size if rank == 0 else None
     dist.gather_object((rng.capture(), own), gathered, dst=0)
+    owner = [0]
     if gathered is not None:
         state = {
             "format": _FORMAT,
@@ -69,19 +96,33 @@ def save(
             state["stages"] = [stage for _, stage in gathered]
         else:
             state.update(_trained_state(model, optimizer))
-        _write_atomically(directory / CHECKPOINT_FILE, state)
-        logger.info("checkpoint at iteration %d written to %s", iteration, directory)
-    # Nobody exits (and lets a successor start) before the file is in place.
-    dist.barrier()
+        with _fence_lock(directory):
+            owner[0] = _owner(directory)
+            if owner[0] <= attempt:
+                _write_atomically(directory / CHECKPOINT_FILE, state)
+                logger.info("checkpoint at iteration %d written to %s", iteration, directory)
+    # Nobody exits (and lets a successor start) before the file is in place, and no rank
+    # of a fenced run goes on.
+    dist.broadcast_object_list(owner, src=0)
+    if owner[0] > attempt:
+        raise Fenced(directory, attempt, owner[0])
 
 
 def load(
-    directory: Path, *, model: nn.Module, optimizer: Optimizer, stages: bool = False
+    directory: Path,
+    *,
+    model: nn.Module,
+    optimizer: Optimizer,
+    stages: bool = False,
+    attempt: int = 0,
 ) -> Resumed | None:
-    """Restore this rank from the checkpoint in `directory`, if there is one.
+    """Claim `directory` for `attempt`, then restore this rank from its checkpoint, if
+    there is one.
 
-    `stages`: as `save`'s (this rank's model and optimizer are its own stage's).
+    `stages`: as `save`'s (this rank's model and optimizer are its own stage's). Raises
+    Fenced when a newer attempt has claimed the directory.
     """
+    claim(directory, attempt)
     path = directory / CHECKPOINT_FILE
     if not path.exists():
         return None
@@ -105,6 +146,43 @@ def load(
     optimizer.load_state_dict(trained["optimizer"])
     rng.restore(state["rng"][dist.get_rank()])
     return Resumed(state["iteration"], DataPosition(state["epoch"], state["batch"]))
+
+
+def claim(directory: Path, attempt: int) -> None:
+    """Make `attempt` the directory's owner unless a newer one is (then raise Fenced).
+
+    From the first claim of a run on, no older run writes here, so every rank of the
+    run reads the same checkpoint, whichever claims first.
+    """
+    with _fence_lock(directory):
+        owner = _owner(directory)
+        if owner > attempt:
+            raise Fenced(directory, attempt, owner)
+        if owner < attempt:
+            temporary = directory / f".{FENCE_FILE}.{os.getpid()}.tmp"
+            temporary.write_text(f"{attempt}\n")
+            os.replace(temporary, directory / FENCE_FILE)
+
+
+def fenced(directory: Path, attempt: int) -> bool:
+    """Whether a newer attempt than `attempt` has claimed the directory (no lock: the
+    fence only grows, and writes check it again under the lock)."""
+    return _owner(directory) > attempt
+
+
+@contextmanager
+def _fence_lock(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(directory / _FENCE_LOCK)):
+        yield
+
+
+def _owner(directory: Path) -> int:
+    """The newest attempt that claimed the directory; 0 when none did."""
+    try:
+        return int((directory / FENCE_FILE).read_text().strip() or 0)
+    except FileNotFoundError:
+        return 0
 
 
 def _trained_state(model: nn.Module, optimizer: Optimizer) -> dict[str, Any]:

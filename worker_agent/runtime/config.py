@@ -17,6 +17,13 @@ class WorkerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job_id: int
+    attempt: int = Field(
+        default=0,
+        ge=0,
+        description="The run's fence (the scheduler's placement number): a worker whose "
+        "attempt is older than the one recorded in checkpoint_dir writes no checkpoint "
+        "and stops.",
+    )
     workload: str = Field(description="A built-in workload name or `package.module:Class`.")
     hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
     rank: int = Field(ge=0)

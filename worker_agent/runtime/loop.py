@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import logging
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -73,6 +74,11 @@ def run_worker(config: WorkerConfig, controller: Controller) -> ExitStatus:
         _init_distributed(config, device)
         training = _Training(config, controller, device)
         status = training.run()
+        return status
+    except checkpoint.Fenced as exc:
+        # A newer run of the job owns its checkpoints: this one is stale and goes away.
+        logger.warning("%s", exc)
+        status = ExitStatus(Outcome.STOPPED, training.iteration if training is not None else 0)
         return status
     except BaseException:
         status = ExitStatus(
@@ -161,6 +167,7 @@ class _Training:
                 model=trained,
                 optimizer=self._optimizer,
                 stages=self._split is not None,
+                attempt=config.attempt,
             )
             if config.checkpoint_dir is not None
             else None
@@ -315,6 +322,11 @@ class _Training:
         if not self._rank0:
             return None
         self._decision = self._controller.check(boundary)
+        directory = self._config.checkpoint_dir
+        if directory is not None and checkpoint.fenced(directory, self._config.attempt):
+            # A newer run of the job started: this one stops at this boundary, everywhere.
+            logger.warning("a newer attempt of this job owns %s: stopping", directory)
+            self._decision = replace(self._decision, action=Action.STOP)
         return self._decision
 
     def _agree_now(self, decision: Decision | None) -> Agreement:
@@ -476,6 +488,7 @@ class _Training:
                 iteration=self.iteration,
                 position=self._batches.position,
                 stages=self._split is not None,
+                attempt=self._config.attempt,
             )
 
     def _announce(self, message: str) -> None:

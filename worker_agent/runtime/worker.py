@@ -6,9 +6,9 @@
 FILE.json is a `WorkerConfig`. ADDRESS is the agent's Listener, `host:port` or a Unix
 socket path; the authkey is read from the environment variable VAR, never from argv,
 which every user of the machine can read. With `--pool` the process is a warm spare: it
-imports everything training needs (torch, torch.distributed, the built-in workloads; the
-imports at the top of this module, and what torch imports lazily on a first optimizer
-step), says "idle" to the agent and waits for the
+imports everything training needs (torch, torch.distributed, the built-in workloads: what
+`main` imports once the process is bound to die with its agent, and what torch imports
+lazily on a first optimizer step), says "idle" to the agent and waits for the
 configuration of the rank it is given (`protocol`); from then on it is a worker like any
 other. The agent closing the connection first means it is no longer needed (exit 0).
 
@@ -22,15 +22,11 @@ import argparse
 import logging
 import os
 import sys
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Client
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from worker_agent.runtime.config import WorkerConfig
-from worker_agent.runtime.control import ConnectionController
 from worker_agent.runtime.lifeline import OrphanedError, die_with_agent
-from worker_agent.runtime.loop import run_worker
 from worker_agent.runtime.protocol import (
     EXIT_CODES,
     Outcome,
@@ -38,6 +34,11 @@ from worker_agent.runtime.protocol import (
     idle_message,
     parse_address,
 )
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from worker_agent.runtime.config import WorkerConfig
 
 logger = logging.getLogger("worker_agent.runtime.worker")
 
@@ -59,6 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     except OrphanedError as exc:
         logger.error("%s: exiting", exc)
         return EXIT_CODES[Outcome.FAILED]
+    # Only now torch and the runtime, seconds of imports: a worker whose agent dies
+    # meanwhile is already bound to die with it, and never trains beside its successor.
+    from worker_agent.runtime.config import WorkerConfig
+    from worker_agent.runtime.control import ConnectionController
+    from worker_agent.runtime.loop import run_worker
+
     authkey = os.environ.get(args.authkey_env)
     if authkey is None:
         parser.error(f"environment variable {args.authkey_env} (the authkey) is not set")
@@ -89,6 +96,8 @@ def _warm_up() -> None:
     torch imports much lazily at first use: the first optimizer alone pulls in
     torch._dynamo, over a second here. Paid now, it is not paid after the assignment.
     """
+    import torch
+
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     model(torch.zeros(1, 2)).sum().backward()
@@ -103,6 +112,8 @@ def _await_assignment(connection: Connection) -> WorkerConfig | None:
     except (EOFError, ConnectionError):
         connection.close()
         return None
+    from worker_agent.runtime.config import WorkerConfig
+
     return WorkerConfig.model_validate(assigned_config(message))
 
 

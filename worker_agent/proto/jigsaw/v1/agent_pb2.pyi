@@ -33,16 +33,18 @@ class Gpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., virtual: _Optional[bool] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("node_name", "gpus", "agent_version", "address")
+    __slots__ = ("node_name", "gpus", "agent_version", "address", "instance")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     gpus: _containers.RepeatedCompositeFieldContainer[Gpu]
     agent_version: str
     address: str
-    def __init__(self, node_name: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    instance: str
+    def __init__(self, node_name: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., agent_version: _Optional[str] = ..., address: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("agent_id", "node_id", "heartbeat_interval_seconds")
@@ -73,22 +75,26 @@ class AgentMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[IterationReports, _Mapping]] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ..., log: _Optional[_Union[LogTail, _Mapping]] = ..., evaluation: _Optional[_Union[Evaluation, _Mapping]] = ..., profile: _Optional[_Union[ModelProfileReport, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node_name", "running", "exits")
+    __slots__ = ("node_name", "running", "exits", "instance")
     NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     EXITS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
     node_name: str
     running: _containers.RepeatedCompositeFieldContainer[RunningJob]
     exits: _containers.RepeatedCompositeFieldContainer[JobExit]
-    def __init__(self, node_name: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., exits: _Optional[_Iterable[_Union[JobExit, _Mapping]]] = ...) -> None: ...
+    instance: str
+    def __init__(self, node_name: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., exits: _Optional[_Iterable[_Union[JobExit, _Mapping]]] = ..., instance: _Optional[str] = ...) -> None: ...
 
 class RunningJob(_message.Message):
-    __slots__ = ("job_id", "ranks")
+    __slots__ = ("job_id", "ranks", "attempt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     ranks: _containers.RepeatedCompositeFieldContainer[RankAssignment]
-    def __init__(self, job_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ()
@@ -135,7 +141,7 @@ class IterationReports(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobIterations, _Mapping]]] = ...) -> None: ...
 
 class JobExit(_message.Message):
-    __slots__ = ("job_id", "outcome", "exit_code", "iteration", "error_tail", "metrics")
+    __slots__ = ("job_id", "outcome", "exit_code", "iteration", "error_tail", "metrics", "attempt")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -149,13 +155,15 @@ class JobExit(_message.Message):
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     ERROR_TAIL_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     outcome: Outcome
     exit_code: int
     iteration: int
     error_tail: str
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, job_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., exit_code: _Optional[int] = ..., iteration: _Optional[int] = ..., error_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., exit_code: _Optional[int] = ..., iteration: _Optional[int] = ..., error_tail: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class LogTail(_message.Message):
     __slots__ = ("job_id", "rank", "level", "message")
@@ -221,7 +229,7 @@ class RankAssignment(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., gpu_index: _Optional[int] = ...) -> None: ...
 
 class LaunchCommand(_message.Message):
-    __slots__ = ("job_id", "spec_json", "ranks", "world_size", "master_addr", "master_port", "start_iteration", "lease_iterations", "spb_json", "config_version", "checkpoint_dir", "checkpoint_every")
+    __slots__ = ("job_id", "spec_json", "ranks", "world_size", "master_addr", "master_port", "start_iteration", "lease_iterations", "spb_json", "config_version", "checkpoint_dir", "checkpoint_every", "attempt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -234,6 +242,7 @@ class LaunchCommand(_message.Message):
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     spec_json: str
     ranks: _containers.RepeatedCompositeFieldContainer[RankAssignment]
@@ -246,7 +255,8 @@ class LaunchCommand(_message.Message):
     config_version: int
     checkpoint_dir: str
     checkpoint_every: int
-    def __init__(self, job_id: _Optional[int] = ..., spec_json: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., start_iteration: _Optional[int] = ..., lease_iterations: _Optional[int] = ..., spb_json: _Optional[str] = ..., config_version: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, job_id: _Optional[int] = ..., spec_json: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., start_iteration: _Optional[int] = ..., lease_iterations: _Optional[int] = ..., spb_json: _Optional[str] = ..., config_version: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class StopCommand(_message.Message):
     __slots__ = ("job_id", "reason")
