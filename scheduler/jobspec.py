@@ -6,7 +6,10 @@ becomes a default; pydantic reports the field path of every error.
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
+import sys
+from functools import cache
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -37,19 +40,46 @@ BUILTIN_PIPELINE_STAGES: dict[str, int] = {
     "transformer-synthetic": 2,
 }
 
-# `package.module:ClassName` of a user trial.
-_TRIAL_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
+# `package.module:ClassName` of a user trial (matched whole: no trailing newline).
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_TRIAL_REF = re.compile(rf"(?P<top>{_IDENTIFIER})(\.{_IDENTIFIER})*:{_IDENTIFIER}")
+# The package of the training runtime, whose built-in trials a reference may name.
+_RUNTIME_PACKAGE = "worker_agent"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def checked_workload(value: str) -> str:
-    """`value` if it names a built-in workload or a `package.module:Class` trial."""
-    if value in BUILTIN_WORKLOADS or _TRIAL_REF.match(value):
+    """`value` if it names a built-in workload or a `package.module:Class` trial.
+
+    Checked by its form alone, nothing is imported. A trial is the user's own module:
+    one of the standard library (`os:system`, `this:Trial`) or of an installed
+    distribution (torch, the scheduler's own packages) holds no Trial, and importing it
+    would only run its module code, so it is refused here.
+    """
+    if value in BUILTIN_WORKLOADS:
         return value
-    raise ValueError(
-        f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
-        "or 'package.module:TrialClass'"
-    )
+    ref = _TRIAL_REF.fullmatch(value)
+    if ref is None:
+        raise ValueError(
+            f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
+            "or 'package.module:TrialClass'"
+        )
+    top = ref.group("top")
+    if top in _foreign_modules():
+        raise ValueError(
+            f"workload {value!r} names module {top!r} of the standard library or of an "
+            "installed package, not a user trial: use 'package.module:TrialClass' of your "
+            f"own trial module, or one of {sorted(BUILTIN_WORKLOADS)}"
+        )
+    return value
+
+
+@cache
+def _foreign_modules() -> frozenset[str]:
+    """Top-level modules no user trial lives in: the standard library's and those of
+    the distributions installed here (read from their metadata, none imported)."""
+    installed = set(importlib.metadata.packages_distributions())
+    return frozenset(sys.stdlib_module_names | {"__main__"} | installed) - {_RUNTIME_PACKAGE}
 
 
 class StrictModel(BaseModel):
