@@ -293,23 +293,27 @@ def up(
 ) -> None:
     """Run the API and, as leader, the scheduler and the agents' gRPC endpoint, until Ctrl-C."""
     from api.server import serve
+    from worker_agent.isolation import IsolationError
 
     if local_agents and simulated_nodes:
         _fail("give --local-agents or --simulated-nodes, not both", EXIT_BAD_INPUT)
     settings = _settings()
-    serve(
-        settings,
-        host=host if host is not None else settings.api.host,
-        port=port if port is not None else settings.api.port,
-        scheduler=scheduler,
-        simulated_nodes=simulated_nodes,
-        gpus_per_node=gpus_per_node,
-        sim_iterations_per_second=sim_speed,
-        local_agents=local_agents,
-        gpus_per_agent=gpus_per_agent,
-        log_level=log_level.lower(),
-        access_log=access_log,
-    )
+    try:
+        serve(
+            settings,
+            host=host if host is not None else settings.api.host,
+            port=port if port is not None else settings.api.port,
+            scheduler=scheduler,
+            simulated_nodes=simulated_nodes,
+            gpus_per_node=gpus_per_node,
+            sim_iterations_per_second=sim_speed,
+            local_agents=local_agents,
+            gpus_per_agent=gpus_per_agent,
+            log_level=log_level.lower(),
+            access_log=access_log,
+        )
+    except IsolationError as exc:
+        _fail(f"cannot run the local agents' training processes: {exc}")
 
 
 @app.command()
@@ -342,6 +346,7 @@ def agent(
 
     from api.logs import configure_logging
     from worker_agent.agent import AgentRejected, run_agent
+    from worker_agent.isolation import IsolationError
     from worker_agent.settings import AgentSettings
 
     overrides: dict[str, Any] = {
@@ -364,6 +369,8 @@ def agent(
         run_agent(settings, stop)
     except AgentRejected as exc:
         _fail(f"the scheduler at {settings.scheduler} refused this agent: {exc}")
+    except IsolationError as exc:
+        _fail(f"cannot run training processes: {exc}")
 
 
 # -- jobs -----------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 NODE_PREFIX = "local-"
+# Under JIGSAW_HOME: one work directory per local agent.
+WORK_ROOT = "agents"
 # Agents stop their jobs' processes before exiting; give them time to.
 _STOP_SECONDS = 30.0
 
@@ -34,7 +36,7 @@ class LocalAgents:
     def start(self) -> None:
         for i in range(self._count):
             name = f"{NODE_PREFIX}{i}"
-            work_dir = self._home / "agents" / name
+            work_dir = self._home / WORK_ROOT / name
             work_dir.mkdir(parents=True, exist_ok=True)
             log = (work_dir / "agent.log").open("ab")
             command = [

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 import grpc
 
 from worker_agent.gpus import GpuSlot, discover
+from worker_agent.isolation import make_non_dumpable, token_file_warning
 from worker_agent.outbox import Outbox
 from worker_agent.proto.jigsaw.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.settings import AgentSettings
@@ -52,8 +53,11 @@ class AgentRejected(RuntimeError):
 def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
     """Serve the scheduler until `stop` is set; then stop every job here and return.
 
-    Raises AgentRejected when the scheduler refuses the agent's token or registration.
+    Raises AgentRejected when the scheduler refuses the agent's token or registration,
+    IsolationError when training processes cannot run as configured.
     """
+    # The token lives in this process: no worker of the same user may read its memory.
+    make_non_dumpable()
     slots = discover(settings.gpus)
     logger.info(
         "node %s offers %d GPU slot(s): %s",
@@ -67,7 +71,12 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
         torch_threads=settings.torch_threads,
         stop_grace_seconds=settings.stop_grace_seconds,
         warm_workers=settings.warm_workers,
+        worker_user=settings.worker_user,
+        worker_env=settings.worker_env,
     )
+    warning = token_file_warning(settings.token_file, supervisor.worker_identity)
+    if warning:
+        logger.warning("%s", warning)
     # A job's first iteration goes out at once: users see it start without the batching delay.
     outbox = Outbox(first_records_at_once=True)
     # Drains the supervisor continuously, also while disconnected, so that the outbox's
