@@ -8,6 +8,7 @@ the embedded default is a real cluster, only a small one.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ logger = logging.getLogger(__name__)
 NODE_PREFIX = "local-"
 # Under JIGSAW_HOME: one work directory per local agent.
 WORK_ROOT = "agents"
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
 # Agents stop their jobs' processes before exiting; give them time to.
 _STOP_SECONDS = 30.0
 
@@ -38,7 +40,9 @@ class LocalAgents:
             name = f"{NODE_PREFIX}{i}"
             work_dir = self._home / WORK_ROOT / name
             work_dir.mkdir(parents=True, exist_ok=True)
-            log = (work_dir / "agent.log").open("ab")
+            # The agent's log is its own: workers may search this directory (as root,
+            # another user's), never read what the agent says about other jobs.
+            log = os.fdopen(os.open(work_dir / "agent.log", _LOG_FLAGS, 0o600), "ab")
             command = [
                 sys.executable, "-m", "api.cli", "agent",
                 "--scheduler", self._scheduler,

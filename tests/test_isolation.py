@@ -68,6 +68,7 @@ found = {{
     "agent_token": _attempt(lambda: (HOME / "agent-token").read_text()),
     "database": _attempt(lambda: (HOME / "jigsaw.db").read_bytes()[:64].hex()),
     "listing": _attempt(lambda: sorted(os.listdir(HOME))),
+    "agent_log": _attempt(lambda: (HOME / "agents" / "local-0" / "agent.log").read_text()),
     "agent_environ": _attempt(
         lambda: Path(f"/proc/{{os.getppid()}}/environ").read_bytes().decode(errors="replace")
     ),
@@ -227,6 +228,7 @@ def test_trials_of_a_root_jigsaw_up_run_as_the_worker_user_and_reach_no_secret(
         _assert_no_secret(found, [*secrets, *CANARIES.values()])
         assert found["listing"].startswith("denied"), found["listing"]
         assert found["database"].startswith("denied"), found["database"]
+        assert found["agent_log"].startswith("denied: PermissionError"), found["agent_log"]
     assert list((home / "checkpoints" / f"job-{probe['id']}").iterdir())
     # A reference to a class that is not a Trial fails the job with that reason alone.
     assert not_a_trial["state"] == "FAILED"
@@ -262,6 +264,7 @@ def test_trials_of_an_unprivileged_agent_reach_no_secret(
     with jigsaw_up(home, log_dir=shared_tmp, jigsaw=runtime.jigsaw, **server_env) as server:
         credentials = load_credentials(home)
         assert credentials is not None
+        wait_for(agent_token_path(home).exists, "the cluster token")  # once it leads
         cluster_token = agent_token_path(home).read_text().strip()
         agent_env = clean_env(
             home,
