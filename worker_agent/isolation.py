@@ -147,7 +147,7 @@ def token_file_warning(token_file: Path | None, identity: WorkerIdentity | None)
         return None
     fix = (
         "pass the token in JIGSAW_AGENT_TOKEN instead (workers never see it), or run the "
-        "agent as root so that they run as JIGSAW_AGENT_WORKER_USER"
+        "agent as root with an unprivileged JIGSAW_AGENT_WORKER_USER"
     )
     if identity is None:
         return (

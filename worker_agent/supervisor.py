@@ -498,7 +498,7 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=self._worker_env_for(self._authkey),
+            env=self._worker_env_for(),
             **_as_user(self._identity),
             # Its own process group: a stop signals the worker and whatever it started.
             # No preexec_fn: forking this multi-threaded process (gRPC's threads among
@@ -507,13 +507,13 @@ class Supervisor:
             start_new_session=True,
         )
 
-    def _worker_env_for(self, authkey: str) -> dict[str, str]:
+    def _worker_env_for(self) -> dict[str, str]:
         """A worker's environment: the allow-listed part of ours, and what it needs."""
         env = _worker_env(self._identity, self._work_dir, self._worker_env)
         threads = str(self._torch_threads)
         env.update(
             {
-                _AUTHKEY_ENV: authkey,  # the environment, never argv (ps shows argv)
+                _AUTHKEY_ENV: self._authkey,  # the environment, never argv (ps shows argv)
                 AGENT_PID_ENV: str(os.getpid()),  # the worker dies with this process
                 "OMP_NUM_THREADS": threads,
                 "MKL_NUM_THREADS": threads,
