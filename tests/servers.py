@@ -9,8 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,21 +51,26 @@ class Server:
         return credentials.token
 
 
-@contextmanager
-def jigsaw_up(
-    home: Path,
-    *args: str,
-    log_dir: Path | None = None,
-    jigsaw: Sequence[str] = JIGSAW,
-    **env_extra: str,
-) -> Iterator[Server]:
+def jigsaw_up(home: Path, *args: str, **env_extra: str) -> AbstractContextManager[Server]:
     """`jigsaw up` on a free port until the block ends; then SIGTERM and a clean exit
     (unchecked once the test set `server.killed`).
 
-    `env_extra` adds JIGSAW_* variables (a database URL, a round period). The log goes
-    to `home`, created here, or to `log_dir`, which leaves creating `home` to jigsaw up.
-    `jigsaw`: the command that runs the CLI.
+    `env_extra` adds JIGSAW_* variables (a database URL, a round period).
     """
+    return jigsaw_up_with(home, args, env_extra)
+
+
+@contextmanager
+def jigsaw_up_with(
+    home: Path,
+    args: Sequence[str],
+    env_extra: Mapping[str, str],
+    *,
+    log_dir: Path | None = None,
+    jigsaw: Sequence[str] = JIGSAW,
+) -> Iterator[Server]:
+    """`jigsaw_up` with its log in `log_dir` (leaving it to jigsaw up to create `home`)
+    instead of `home`, run by the command `jigsaw`."""
     port = free_port()
     if log_dir is None:
         home.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ from api.server import free_port
 from scheduler.db import make_engine
 from tests.cluster import ended, wait_for
 from tests.conftest import LiveApi
-from tests.servers import clean_env, jigsaw_up
+from tests.servers import clean_env, jigsaw_up_with
 from worker_agent.gpus import virtual_slots
 from worker_agent.isolation import IsolationError, worker_environment
 from worker_agent.supervisor import Supervisor
@@ -207,8 +207,8 @@ def test_trials_of_a_root_jigsaw_up_run_as_the_worker_user_and_reach_no_secret(
         "JIGSAW_AGENT_WORKER_USER": "nobody",
         "JIGSAW_SCHEDULER_CHECKPOINT_EVERY": "5",
     }
-    with jigsaw_up(home, "--local-agents", "1", "--gpus-per-agent", "1",
-                   log_dir=shared_tmp, jigsaw=runtime.jigsaw, **env) as server:  # fmt: skip
+    with jigsaw_up_with(home, ["--local-agents", "1", "--gpus-per-agent", "1"], env,
+                        log_dir=shared_tmp, jigsaw=runtime.jigsaw) as server:  # fmt: skip
         credentials = load_credentials(home)
         assert credentials is not None
         with JigsawClient(server.url, credentials.token) as client:
@@ -261,7 +261,7 @@ def test_trials_of_an_unprivileged_agent_reach_no_secret(
         "JIGSAW_GRPC_CHECKPOINT_DIR": str(checkpoints),
         "PYTHONPATH": runtime.pythonpath,
     }
-    with jigsaw_up(home, log_dir=shared_tmp, jigsaw=runtime.jigsaw, **server_env) as server:
+    with jigsaw_up_with(home, [], server_env, log_dir=shared_tmp, jigsaw=runtime.jigsaw) as server:
         credentials = load_credentials(home)
         assert credentials is not None
         wait_for(agent_token_path(home).exists, "the cluster token")  # once it leads
@@ -358,7 +358,7 @@ def test_jigsaw_up_creates_a_private_home(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     home = tmp_path / "new" / "home"
-    with jigsaw_up(home, log_dir=tmp_path, **_database_env(backend, request)):
+    with jigsaw_up_with(home, [], _database_env(backend, request), log_dir=tmp_path):
         # Written once this replica leads (the agents' endpoint), soon after it serves.
         wait_for(agent_token_path(home).exists, "the cluster token")
         modes = {path.name: _mode(path) for path in home.iterdir() if path.is_file()}
