@@ -32,7 +32,7 @@ from api.server import free_port
 from scheduler.db import make_engine
 from tests.cluster import ended, wait_for
 from tests.conftest import LiveApi
-from tests.servers import clean_env, jigsaw_up_with
+from tests.servers import JIGSAW, clean_env, jigsaw_up_with
 from worker_agent.gpus import virtual_slots
 from worker_agent.isolation import IsolationError, worker_environment
 from worker_agent.supervisor import Supervisor
@@ -351,6 +351,21 @@ def test_a_root_agent_refuses_a_work_dir_the_worker_user_cannot_reach(tmp_path: 
     """pytest's temporary root is private: workers as nobody could not reach their files."""
     with pytest.raises(IsolationError, match=r"worker user nobody cannot reach .*may not search"):
         Supervisor(virtual_slots(1), tmp_path / "agent", worker_user="nobody")
+
+
+@AS_ROOT
+def test_a_root_jigsaw_up_refuses_local_agents_whose_workers_could_not_reach_their_files(
+    tmp_path: Path,
+) -> None:
+    """Its home in pytest's private temporary root: said at once, before serving."""
+    env = clean_env(tmp_path / "home", JIGSAW_AGENT_WORKER_USER="nobody")
+    result = subprocess.run(
+        [*JIGSAW, "up", "--port", "0", "--local-agents", "1"],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "who cannot reach" in result.stderr and "may not search" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
 
 
 @BACKENDS

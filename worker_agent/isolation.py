@@ -192,7 +192,7 @@ def open_to_workers(home: Path, directories: Iterable[Path], identity: WorkerIde
     home = home.resolve()
     for directory in directories:
         directory = directory.resolve()
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o711)
         if directory.is_relative_to(home):
             inside = directory.relative_to(home)
             for step in (home, *(home / p for p in reversed(inside.parents[:-1])), directory):
@@ -201,8 +201,9 @@ def open_to_workers(home: Path, directories: Iterable[Path], identity: WorkerIde
         if blocked is not None:
             raise IsolationError(
                 f"local agents' training processes run as {identity.name}, who cannot reach "
-                f"{directory}: it may not search {blocked}. Choose a JIGSAW_HOME it can reach "
-                "(e.g. /var/lib/jigsaw), or set JIGSAW_AGENT_WORKER_USER"
+                f"{directory}: it may not search {blocked}. Choose a JIGSAW_HOME (and "
+                "JIGSAW_GRPC_CHECKPOINT_DIR) it can reach, e.g. under /var/lib, or set "
+                "JIGSAW_AGENT_WORKER_USER"
             )
 
 
