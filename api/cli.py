@@ -327,6 +327,7 @@ def up(
 ) -> None:
     """Run the API and, as leader, the scheduler and the agents' gRPC endpoint, until Ctrl-C."""
     from api.server import AddressTaken, serve
+    from worker_agent.isolation import IsolationError
 
     if local_agents and simulated_nodes:
         _fail("give --local-agents or --simulated-nodes, not both", EXIT_BAD_INPUT)
@@ -347,6 +348,8 @@ def up(
         )
     except AddressTaken as exc:
         _fail(str(exc))
+    except IsolationError as exc:
+        _fail(f"cannot run the local agents' training processes: {exc}")
 
 
 @app.command()
@@ -379,6 +382,7 @@ def agent(
 
     from api.logs import configure_logging
     from worker_agent.agent import AgentRejected, run_agent
+    from worker_agent.isolation import IsolationError
     from worker_agent.runtime.lifeline import (
         UP_PID_ENV,
         OrphanedError,
@@ -413,6 +417,8 @@ def agent(
         run_agent(settings, stop)
     except AgentRejected as exc:
         _fail(f"the scheduler at {settings.scheduler} refused this agent: {exc}")
+    except IsolationError as exc:
+        _fail(f"cannot run training processes: {exc}")
 
 
 # -- jobs -----------------------------------------------------------------------------

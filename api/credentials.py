@@ -8,16 +8,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 CREDENTIALS_FILE = "credentials.json"
 # The cluster token of the agents `jigsaw up --local-agents` starts (`--token-file`).
 AGENT_TOKEN_FILE = "agent-token"
 FILE_MODE = 0o600
+HOME_MODE = 0o700
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,24 @@ def load_agent_token(home: Path) -> str | None:
     except OSError:
         return None
     return token or None
+
+
+def private_home(home: Path) -> Path:
+    """JIGSAW_HOME, created readable by its owner only (it holds the database and the
+    tokens). One that exists keeps its mode; a warning says when others may read it."""
+    try:
+        home.mkdir(parents=True, mode=HOME_MODE)
+    except FileExistsError:
+        mode = home.stat().st_mode & 0o777
+        if mode & 0o066:
+            logger.warning(
+                "JIGSAW_HOME %s has mode %o: other users may list or read it (chmod 700)",
+                home,
+                mode,
+            )
+    else:
+        home.chmod(HOME_MODE)  # mkdir applies the umask; make the mode explicit
+    return home
 
 
 def write_private(path: Path, text: str) -> Path:

@@ -8,6 +8,7 @@ live and ends with a summary: job completion time and final loss/accuracy per jo
 
 from __future__ import annotations
 
+import getpass
 import os
 import signal
 import subprocess
@@ -101,6 +102,10 @@ def _cluster(console: Console, workdir: Path) -> Iterator[Credentials]:
         JIGSAW_HOME=str(workdir),
         JIGSAW_SCHEDULER_ROUND_SECONDS="0.25",
         JIGSAW_GRPC_PORT=str(free_port()),
+        # The demo's own built-in jobs only, on a cluster that ends with it: its training
+        # processes run as this user unless told otherwise (as root, the default worker
+        # user could not reach a Python or a home under a private /root).
+        JIGSAW_AGENT_WORKER_USER=os.environ.get("JIGSAW_AGENT_WORKER_USER", getpass.getuser()),
     )
     log_path = workdir / "server.log"
     console.print(

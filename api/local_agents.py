@@ -24,6 +24,10 @@ from pathlib import Path
 
 from worker_agent.runtime.lifeline import UP_PID_ENV
 
+# Under JIGSAW_HOME: one work directory per local agent.
+WORK_ROOT = "agents"
+_LOG_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+
 logger = logging.getLogger(__name__)
 
 NODE_PREFIX = "local-"
@@ -132,7 +136,9 @@ class LocalAgents:
                 "--token-file", str(self._token_file),
                 "--work-dir", str(work_dir),
             ]  # fmt: skip
-            with (work_dir / "agent.log").open("ab") as log:
+            # The agent's log is its own: workers may search this directory (as root,
+            # another user's), never read what the agent says about other jobs.
+            with os.fdopen(os.open(work_dir / "agent.log", _LOG_FLAGS, 0o600), "ab") as log:
                 agent.process = subprocess.Popen(
                     command,
                     # The lifeline: only this process holds the pipe's other end.
@@ -172,7 +178,7 @@ class LocalAgents:
             agent.process = None
 
     def _work_dir(self, agent: _Agent) -> Path:
-        return self._home / "agents" / agent.name
+        return self._home / WORK_ROOT / agent.name
 
 
 def _close_lifeline(process: subprocess.Popen[bytes]) -> None:

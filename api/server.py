@@ -44,6 +44,7 @@ from api.credentials import (
     load_agent_token,
     load_credentials,
     local_url,
+    private_home,
     save_credentials,
     write_private,
 )
@@ -272,6 +273,9 @@ def serve(
     from scheduler.loop import SchedulerService
 
     configure_logging(log_level, settings.log.format)
+    private_home(settings.home)
+    if local_agents and scheduler and not simulated_nodes:
+        _let_local_workers_in(settings)
     listener = bind_api(host, port)
     port = int(listener.getsockname()[1])
     stop = threading.Event()
@@ -472,6 +476,34 @@ def _agents_endpoint(
         agents.start()
         stack.callback(agents.stop)
     return dispatcher
+
+
+def _let_local_workers_in(settings: Settings) -> None:
+    """Local agents run as this process's user; as root, their training processes run as
+    the worker user, who must reach the agents' work directories and the checkpoints
+    (and nothing else) in the private home. Raises IsolationError when it cannot."""
+    from pydantic import ValidationError
+
+    from api.local_agents import WORK_ROOT
+    from worker_agent.isolation import (
+        IsolationError,
+        check_runtime_runs,
+        open_to_workers,
+        resolve_worker_identity,
+        worker_environment,
+    )
+    from worker_agent.settings import WorkerSettings
+
+    try:
+        worker = WorkerSettings()
+        identity = resolve_worker_identity(worker.worker_user)
+    except (ValueError, ValidationError) as exc:
+        raise IsolationError(f"invalid worker setting: {exc}") from exc
+    if identity is not None:
+        open_to_workers(
+            settings.home, [settings.home / WORK_ROOT, settings.checkpoint_dir], identity
+        )
+        check_runtime_runs(identity, worker_environment(os.environ, worker.worker_env))
 
 
 def _dial_host(bind_host: str) -> str:

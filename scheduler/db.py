@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 
@@ -34,6 +35,21 @@ def _set_sqlite_pragmas(busy_timeout_ms: int) -> Any:
     return on_connect
 
 
+def _private_sqlite_file(path: Path) -> None:
+    """Create the database file readable by its owner only, in a directory only its owner
+    may enter; tighten an older one. SQLite gives the WAL and shared-memory files the
+    database's mode, and those left by an older one are tightened too."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # an empty file is an empty DB
+    for file in (path, path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")):
+        try:
+            info = file.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            file.chmod(0o600)
+
+
 def _begin_immediate(conn: Any) -> None:
     # pysqlite's default deferred BEGIN upgrades to a write lock mid-transaction, which
     # deadlocks two writers; BEGIN IMMEDIATE takes the lock up front so busy_timeout works.
@@ -49,9 +65,9 @@ def make_engine(
     echo: bool = False,
 ) -> Engine:
     if is_sqlite(url):
-        path = url.split("///", 1)[-1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        path = make_url(url).database
+        if path and path != ":memory:" and not path.startswith("file:"):
+            _private_sqlite_file(Path(path))
         engine = create_engine(
             url,
             echo=echo,

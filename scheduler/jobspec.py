@@ -9,6 +9,7 @@ the field path of every error.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -51,20 +52,42 @@ BUILTIN_METRICS: dict[str, frozenset[str]] = {
     "transformer-synthetic": _LANGUAGE_MODEL_METRICS,
 }
 
-# `package.module:ClassName` of a user trial. Both are used with fullmatch: `$` alone
-# also matches before a trailing newline.
-_TRIAL_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
+# `package.module:ClassName` of a user trial (matched whole: no trailing newline).
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_TRIAL_REF = re.compile(rf"(?P<top>{_IDENTIFIER})(\.{_IDENTIFIER})*:{_IDENTIFIER}")
+# Top-level modules no user trial lives in: the standard library's and the control
+# plane's (naming one would only run its module code in a worker). A user's own package
+# may be installed where it runs.
+_FOREIGN_MODULES = frozenset(
+    sys.stdlib_module_names | {"__main__", "api", "scheduler", "migrations"}
+)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def checked_workload(value: str) -> str:
-    """`value` if it names a built-in workload or a `package.module:Class` trial."""
-    if value in BUILTIN_WORKLOADS or _TRIAL_REF.fullmatch(value):
+    """`value` if it names a built-in workload or a `package.module:Class` trial.
+
+    Checked by its form alone, nothing is imported. A trial is the user's own module:
+    one of the standard library (`os:system`, `this:Trial`) or of the control plane
+    (`api.server:serve`) holds no Trial, and importing it would only run its module
+    code, so it is refused here.
+    """
+    if value in BUILTIN_WORKLOADS:
         return value
-    raise ValueError(
-        f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
-        "or 'package.module:TrialClass'"
-    )
+    ref = _TRIAL_REF.fullmatch(value)
+    if ref is None:
+        raise ValueError(
+            f"unknown workload {value!r}: use one of {sorted(BUILTIN_WORKLOADS)} "
+            "or 'package.module:TrialClass'"
+        )
+    top = ref.group("top")
+    if top in _FOREIGN_MODULES:
+        raise ValueError(
+            f"workload {value!r} names module {top!r} of the standard library or of "
+            "JigSaw's control plane, not a user trial: use 'package.module:TrialClass' of "
+            f"your own trial module, or one of {sorted(BUILTIN_WORKLOADS)}"
+        )
+    return value
 
 
 class StrictModel(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import signal
 import subprocess
@@ -9,8 +10,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,12 +27,16 @@ from api.server import free_port
 _SCRIPT = Path(sys.executable).parent / "jigsaw"
 JIGSAW = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "api.cli"]
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+# Tests' homes lie in pytest's temporary root, private to this user, which the default
+# worker user (`nobody`, when tests run as root) cannot reach: agents in tests run their
+# workers as this user. tests/test_isolation.py runs them as another user.
+TEST_WORKER_USER = getpass.getuser()
 
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     """The test's environment without any JIGSAW_* the developer may have set."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JIGSAW_")}
-    env.update(JIGSAW_HOME=str(home), **extra)
+    env.update({"JIGSAW_HOME": str(home), "JIGSAW_AGENT_WORKER_USER": TEST_WORKER_USER, **extra})
     return env
 
 
@@ -49,20 +54,34 @@ class Server:
         return credentials.token
 
 
-@contextmanager
-def jigsaw_up(home: Path, *args: str, **env_extra: str) -> Iterator[Server]:
+def jigsaw_up(home: Path, *args: str, **env_extra: str) -> AbstractContextManager[Server]:
     """`jigsaw up` on a free port until the block ends; then SIGTERM and a clean exit
     (unchecked once the test set `server.killed`).
 
     `env_extra` adds JIGSAW_* variables (a database URL, a round period).
     """
+    return jigsaw_up_with(home, args, env_extra)
+
+
+@contextmanager
+def jigsaw_up_with(
+    home: Path,
+    args: Sequence[str],
+    env_extra: Mapping[str, str],
+    *,
+    log_dir: Path | None = None,
+    jigsaw: Sequence[str] = JIGSAW,
+) -> Iterator[Server]:
+    """`jigsaw_up` with its log in `log_dir` (leaving it to jigsaw up to create `home`)
+    instead of `home`, run by the command `jigsaw`."""
     port = free_port()
-    log = home / f"server-{port}.log"
-    home.mkdir(parents=True, exist_ok=True)
+    if log_dir is None:
+        home.mkdir(parents=True, exist_ok=True)
+    log = (log_dir or home) / f"server-{port}.log"
     env = clean_env(home, **{"JIGSAW_SCHEDULER_ROUND_SECONDS": "0.1", **env_extra})
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [*JIGSAW, "up", "--port", str(port), *args], env=env, stdout=sink, stderr=sink
+            [*jigsaw, "up", "--port", str(port), *args], env=env, stdout=sink, stderr=sink
         )
     server = Server(proc, home, f"http://127.0.0.1:{port}", log)
     try:

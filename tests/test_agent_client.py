@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 
 from scheduler.orm import Node
 from tests.agent_endpoint import Endpoint, agent_endpoint
+from tests.servers import TEST_WORKER_USER
 from worker_agent.agent import AgentRejected, run_agent
 from worker_agent.outbox import Outbox
 from worker_agent.proto.jigsaw.v1 import agent_pb2
@@ -30,7 +31,12 @@ def endpoint(engine: Engine, tmp_path: Path) -> Iterator[Endpoint]:
 
 def test_a_wrong_token_is_fatal(endpoint: Endpoint, tmp_path: Path) -> None:
     settings = AgentSettings(
-        scheduler=endpoint.address, token="wrong", node_name="node-a", gpus=1, work_dir=tmp_path
+        scheduler=endpoint.address,
+        token="wrong",
+        node_name="node-a",
+        gpus=1,
+        work_dir=tmp_path,
+        worker_user=TEST_WORKER_USER,
     )
     with pytest.raises(AgentRejected, match="UNAUTHENTICATED"):
         run_agent(settings, threading.Event())

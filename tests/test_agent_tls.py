@@ -21,6 +21,7 @@ from scheduler.db import session_factory, transaction
 from scheduler.models.users import AGENT_SCOPE, TokenVerifier, issue_token
 from scheduler.orm import Node
 from scheduler.settings import GrpcSettings
+from tests.servers import TEST_WORKER_USER
 from worker_agent.agent import run_agent
 from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
@@ -125,6 +126,7 @@ def test_the_agent_dials_with_the_tls_settings(
         node_name="tls-agent",
         gpus=1,
         work_dir=tmp_path / "agent",
+        worker_user=TEST_WORKER_USER,
         tls_ca=certificates / "ca.pem",
         tls_cert=certificates / "agent.pem",
         tls_key=certificates / "agent.key",

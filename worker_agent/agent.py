@@ -26,6 +26,7 @@ import grpc
 from worker_agent import __version__
 from worker_agent.diagnosis import log_diagnosis
 from worker_agent.gpus import GpuSlot, discover, probe_cuda
+from worker_agent.isolation import make_non_dumpable, token_file_warning
 from worker_agent.outbox import Outbox
 from worker_agent.proto.jigsaw.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.settings import AgentSettings
@@ -60,8 +61,11 @@ class AgentRejected(RuntimeError):
 def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
     """Serve the scheduler until `stop` is set; then stop every job here and return.
 
-    Raises AgentRejected when the scheduler refuses the agent's token or registration.
+    Raises AgentRejected when the scheduler refuses the agent's token or registration,
+    IsolationError when training processes cannot run as configured.
     """
+    # The token lives in this process: no worker of the same user may read its memory.
+    make_non_dumpable()
     # `--gpus N` serves virtual slots: no child spends seconds importing torch to probe CUDA.
     probe = probe_cuda() if settings.gpus == "auto" else None
     slots = discover(settings.gpus, probe)
@@ -78,7 +82,12 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
         torch_threads=settings.torch_threads,
         stop_grace_seconds=settings.stop_grace_seconds,
         warm_workers=settings.warm_workers,
+        worker_user=settings.worker_user,
+        worker_env=settings.worker_env,
     )
+    warning = token_file_warning(settings.token_file, supervisor.worker_identity)
+    if warning:
+        logger.warning("%s", warning)
     # A job's first iteration goes out at once: users see it start without the batching delay.
     # Records queued when the agent is killed are sent after its restart (the spool).
     spool = ReportSpool(settings.work_dir / SPOOL_FILE)

@@ -16,7 +16,34 @@ def default_work_dir() -> Path:
     return HomeSettings().home / "agent"
 
 
-class AgentSettings(BaseSettings):
+class WorkerSettings(BaseSettings):
+    """How the agent isolates the training processes it starts (see worker_agent.isolation).
+
+    Its own class so that `jigsaw up` reads the same settings for its local agents
+    without needing an agent's token.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_AGENT_", extra="ignore")
+
+    worker_user: str = Field(
+        default="nobody",
+        min_length=1,
+        description="User (name or uid) that training processes run as when the agent runs "
+        "as root, so that trial code cannot read the agent's token or the control plane's "
+        "files. Needs read access to the Python installation and search access to the "
+        "work and checkpoint directories. `root` keeps them root (trusted code only). "
+        "Ignored when the agent is not root: workers then run as the agent's user.",
+    )
+    worker_env: list[str] = Field(
+        default_factory=list,
+        description="Extra environment variables (names or fnmatch patterns such as "
+        "`HF_*`; JSON list) passed on to training processes, beyond the built-in "
+        "allow-list (PATH, locale, PYTHONPATH, CUDA_*, NCCL_*, TORCH_*, ...). Names that "
+        "look like secrets (TOKEN, SECRET, PASSWORD, KEY) and JIGSAW_* never pass.",
+    )
+
+
+class AgentSettings(WorkerSettings):
     model_config = SettingsConfigDict(env_prefix="JIGSAW_AGENT_", extra="ignore")
 
     scheduler: str = Field(

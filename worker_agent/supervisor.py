@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
@@ -42,6 +43,15 @@ from pydantic import ValidationError
 
 from scheduler.jobspec import JobSpec, SPBConfig
 from worker_agent.gpus import GpuSlot
+from worker_agent.isolation import (
+    IsolationError,
+    WorkerIdentity,
+    check_runtime_runs,
+    give_to,
+    resolve_worker_identity,
+    unreachable,
+    worker_environment,
+)
 from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.lifeline import AGENT_PID_ENV
@@ -64,8 +74,11 @@ Outbound = (
 )
 
 _AUTHKEY_ENV = "JIGSAW_WORKER_AUTHKEY"
-# The agent's own settings (the cluster token among them) must not reach user code.
-_PRIVATE_ENV_PREFIX = "JIGSAW_AGENT_"
+# Logs and configurations in a job directory are the agent's; a worker of another user
+# may only reach its own configuration by name (search, no listing, no writing).
+_JOB_DIR_MODE_SHARED = 0o711
+_PRIVATE_DIR_MODE = 0o700
+_PRIVATE_FILE_MODE = 0o600
 _ERROR_TAIL_CHARS = 4000
 _MAX_LOG_LINE_CHARS = 8192
 _LEVEL = re.compile(r"\b(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
@@ -141,10 +154,17 @@ class Supervisor:
         torch_threads: int = 1,
         stop_grace_seconds: float = 10.0,
         warm_workers: int = 0,
+        worker_user: str | None = None,
+        worker_env: Sequence[str] = (),
     ) -> None:
+        """`worker_user`: whom workers run as when this process is root (None: as this
+        process); `worker_env`: variables they get beyond the allow-list. Raises
+        IsolationError when that user could not run a worker here."""
         self.outbound: queue.Queue[Outbound] = queue.Queue()
         self._slots = {slot.index: slot for slot in slots}
         self._work_dir = work_dir
+        self._worker_env = tuple(worker_env)
+        self._identity = _prepare_worker_user(worker_user, work_dir, self._worker_env)
         self._torch_threads = torch_threads
         self._stop_grace_seconds = stop_grace_seconds
         self._lock = threading.Lock()
@@ -171,6 +191,11 @@ class Supervisor:
         )
         if warm_workers:
             self._refiller.start()
+
+    @property
+    def worker_identity(self) -> WorkerIdentity | None:
+        """The user workers run as; None: this process's own."""
+        return self._identity
 
     @property
     def control_address(self) -> str:
@@ -212,6 +237,7 @@ class Supervisor:
             self._attempts[job_id] = attempt
             try:
                 configs = self._worker_configs(command)
+                self._prepare_checkpoint_dir(configs[0].checkpoint_dir)
             except LaunchError as exc:
                 self._fail_before_start(job_id, str(exc), attempt)
                 return
@@ -405,15 +431,32 @@ class Supervisor:
         except ValidationError as exc:
             raise LaunchError(f"invalid launch: {exc}") from exc
 
+    def _prepare_checkpoint_dir(self, directory: Path | None) -> None:
+        """A worker of another user writes the job's checkpoints: the directory is its."""
+        if self._identity is None or directory is None:
+            return
+        blocked = unreachable(directory, self._identity)
+        if blocked is not None:
+            raise LaunchError(_unreachable_message(self._identity, directory, blocked))
+        try:
+            give_to(directory, self._identity)
+        except OSError as exc:
+            raise LaunchError(
+                f"cannot give checkpoint directory {directory} to worker user "
+                f"{self._identity.name}: {exc}"
+            ) from exc
+
     def _spawn(self, job: _Job, configs: list[WorkerConfig], gpu_of_rank: dict[int, int]) -> None:
         directory = self._work_dir / f"job-{job.job_id}"
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True, mode=_PRIVATE_DIR_MODE)
+            if self._identity is not None:
+                os.chmod(directory, _JOB_DIR_MODE_SHARED)
             warm = []
             for config in configs:
                 config_path = directory / f"rank-{config.rank}.json"
                 # Written for warm ranks too: what each rank ran with, for diagnostics.
-                config_path.write_text(config.model_dump_json(indent=2))
+                self._write_config(config_path, config)
                 log_path = directory / f"rank-{config.rank}.log"
                 pooled = self._assign_idle(config)
                 process = (
@@ -453,19 +496,18 @@ class Supervisor:
                 return
             _signal_ranks(job, signal.SIGKILL)
 
+    def _write_config(self, path: Path, config: WorkerConfig) -> None:
+        """The rank's configuration, readable by its worker only (and by the agent)."""
+        fd = os.open(
+            path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, _PRIVATE_FILE_MODE
+        )
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if self._identity is not None:
+                os.fchown(fd, self._identity.uid, self._identity.gid)
+            handle.write(config.model_dump_json(indent=2))
+
     def _popen(self, config_path: Path | None) -> subprocess.Popen[bytes]:
         """A worker for `config_path`, or a pooled one (`--pool`) when None."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_PRIVATE_ENV_PREFIX)}
-        threads = str(self._torch_threads)
-        env.update(
-            {
-                _AUTHKEY_ENV: self._authkey,  # the environment, never argv (ps shows argv)
-                AGENT_PID_ENV: str(os.getpid()),  # the worker dies with this process
-                "OMP_NUM_THREADS": threads,
-                "MKL_NUM_THREADS": threads,
-                "PYTHONUNBUFFERED": "1",  # output lines reach the log as they are written
-            }
-        )
         # The working directory stays the agent's, so that a user trial `module:Class`
         # imports in the worker exactly as it would in the agent.
         return subprocess.Popen(
@@ -482,13 +524,29 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=env,
+            env=self._worker_env_for(),
+            **_as_user(self._identity),
             # Its own process group: a stop signals the worker and whatever it started.
             # No preexec_fn: forking this multi-threaded process (gRPC's threads among
             # them) to run Python before exec can deadlock the child; the worker sets up
             # its own death signal instead (`lifeline`).
             start_new_session=True,
         )
+
+    def _worker_env_for(self) -> dict[str, str]:
+        """A worker's environment: the allow-listed part of ours, and what it needs."""
+        env = _worker_env(self._identity, self._work_dir, self._worker_env)
+        threads = str(self._torch_threads)
+        env.update(
+            {
+                _AUTHKEY_ENV: self._authkey,  # the environment, never argv (ps shows argv)
+                AGENT_PID_ENV: str(os.getpid()),  # the worker dies with this process
+                "OMP_NUM_THREADS": threads,
+                "MKL_NUM_THREADS": threads,
+                "PYTHONUNBUFFERED": "1",  # output lines reach the log as they are written
+            }
+        )
+        return env
 
     def _fail_before_start(self, job_id: int, message: str, attempt: int) -> None:
         logger.error("job %d: launch refused: %s", job_id, message, extra={"job_id": job_id})
@@ -616,7 +674,12 @@ class Supervisor:
     def _forward_output(self, job: _Job, rank: _Rank) -> None:
         """Append the worker's stdout and stderr to its log file and forward each line."""
         assert rank.process.stdout is not None
-        with rank.process.stdout as output, rank.log_path.open("ab") as log:
+        fd = os.open(
+            rank.log_path,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+            _PRIVATE_FILE_MODE,
+        )
+        with rank.process.stdout as output, os.fdopen(fd, "ab") as log:
             for line in output:
                 log.write(line)
                 log.flush()
@@ -776,6 +839,65 @@ class Supervisor:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _prepare_worker_user(
+    worker_user: str | None, work_dir: Path, worker_env: Sequence[str]
+) -> WorkerIdentity | None:
+    """The identity workers run as, once it is known to be able to run them here."""
+    work_dir.mkdir(parents=True, exist_ok=True, mode=_PRIVATE_DIR_MODE)
+    if worker_user is None:
+        return None
+    try:
+        identity = resolve_worker_identity(worker_user)
+    except ValueError as exc:
+        raise IsolationError(str(exc)) from exc
+    if identity is None:
+        if os.geteuid() == 0:
+            logger.warning(
+                "training processes run as root (worker user %r): trial code can read "
+                "every file on this host, the cluster token included",
+                worker_user,
+            )
+        return identity
+    blocked = unreachable(work_dir, identity)
+    if blocked is not None:
+        raise IsolationError(_unreachable_message(identity, work_dir, blocked))
+    # Searchable, not listable: a worker reaches its own job directory by name.
+    os.chmod(work_dir, _JOB_DIR_MODE_SHARED)
+    give_to(work_dir / "data", identity)
+    # Fail now, with the reason, rather than at every launch.
+    check_runtime_runs(identity, _worker_env(identity, work_dir, worker_env))
+    logger.info("training processes run as user %s (uid %d)", identity.name, identity.uid)
+    return identity
+
+
+def _worker_env(
+    identity: WorkerIdentity | None, work_dir: Path, worker_env: Sequence[str]
+) -> dict[str, str]:
+    """The allow-listed environment; a worker of another user gets its own identity and
+    the node's data directory as its home (for the caches libraries keep there)."""
+    env = worker_environment(os.environ, worker_env)
+    if identity is not None:
+        env.update(HOME=str(work_dir / "data"), USER=identity.name, LOGNAME=identity.name)
+    return env
+
+
+def _as_user(identity: WorkerIdentity | None) -> dict[str, Any]:
+    """Popen's arguments that run the child as `identity` (set in the child before exec,
+    with no supplementary groups: root's must not carry over)."""
+    if identity is None:
+        return {}
+    return {"user": identity.uid, "group": identity.gid, "extra_groups": []}
+
+
+def _unreachable_message(identity: WorkerIdentity, path: Path, blocked: Path) -> str:
+    return (
+        f"worker user {identity.name} cannot reach {path}: it may not search {blocked} "
+        f"(mode {blocked.stat().st_mode & 0o7777:o}). Give it search permission (o+x) on "
+        "that directory, choose a directory it can reach (JIGSAW_AGENT_WORK_DIR, "
+        "JIGSAW_GRPC_CHECKPOINT_DIR), or set JIGSAW_AGENT_WORKER_USER"
+    )
 
 
 def _wait_unreaped(process: subprocess.Popen[bytes]) -> None:

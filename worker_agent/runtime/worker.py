@@ -12,6 +12,10 @@ lazily on a first optimizer step), says "idle" to the agent and waits for the
 configuration of the rank it is given (`protocol`); from then on it is a worker like any
 other. The agent closing the connection first means it is no longer needed (exit 0).
 
+The workload is resolved here, first thing after the configuration: a user trial's
+module is imported in this process only (never in the agent or the scheduler), and a
+reference that does not name a Trial subclass ends the rank with that one-line reason.
+
 Exit codes (`protocol.EXIT_CODES`): 0 succeeded, 3 suspended, 4 stopped, 1 failed (the
 `exit` message carries the traceback tail); argparse exits 2 on a usage error.
 """
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING
 from worker_agent.runtime.lifeline import OrphanedError, die_with_agent
 from worker_agent.runtime.protocol import (
     EXIT_CODES,
+    ExitStatus,
     Outcome,
     assigned_config,
     idle_message,
@@ -39,6 +44,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from worker_agent.runtime.config import WorkerConfig
+    from worker_agent.runtime.control import Controller
 
 logger = logging.getLogger("worker_agent.runtime.worker")
 
@@ -83,11 +89,26 @@ def main(argv: list[str] | None = None) -> int:
         controller = ConnectionController.connect(
             args.control, authkey.encode(), config.job_id, config.rank
         )
+    if not _workload_loads(config, controller):
+        return EXIT_CODES[Outcome.FAILED]
     try:
         return run_worker(config, controller).exit_code
     except Exception:
         logger.exception("training failed")
         return EXIT_CODES[Outcome.FAILED]
+
+
+def _workload_loads(config: WorkerConfig, controller: Controller) -> bool:
+    """Import the job's Trial class; if it is not one, say why and end the rank."""
+    from worker_agent.runtime.workloads import WorkloadError, load_trial
+
+    try:
+        load_trial(config.workload)
+    except WorkloadError as exc:
+        logger.error("%s", exc, exc_info=exc.__cause__)
+        controller.exit(ExitStatus(Outcome.FAILED, 0, error_tail=str(exc)))
+        return False
+    return True
 
 
 def _warm_up() -> None:

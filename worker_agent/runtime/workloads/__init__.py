@@ -1,4 +1,9 @@
-"""Built-in workloads by name, and loading of user trials by `package.module:Class`."""
+"""Built-in workloads by name, and loading of user trials by `package.module:Class`.
+
+Loading a user trial runs its module's code: only the training process does it (see
+`runtime.worker`); the scheduler checks the reference's form alone
+(`scheduler.jobspec.checked_workload`).
+"""
 
 from __future__ import annotations
 
@@ -34,9 +39,10 @@ def load_trial(name_or_ref: str) -> type[Trial]:
         )
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever user code raises, the job says it
         raise WorkloadError(
-            f"cannot import module {module_name!r} of workload {name_or_ref!r}: {exc}"
+            f"cannot import module {module_name!r} of workload {name_or_ref!r}: "
+            f"{type(exc).__name__}: {exc}"
         ) from exc
     trial = getattr(module, class_name, None)
     if trial is None:
