@@ -8,6 +8,7 @@ be reached, 2 bad input (usage, an unreadable or invalid job spec).
 """
 
 import json
+import os
 import re
 import signal
 import sys
@@ -381,6 +382,11 @@ def agent(
     import threading
 
     from api.logs import configure_logging
+
+    # The agent forks training processes, as another user when it runs as root (fork, not
+    # vfork): gRPC's fork handlers would then run in the child before exec, and can abort
+    # it there. Read when gRPC starts, so set before the agent imports it.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     from worker_agent.agent import AgentRejected, run_agent
     from worker_agent.isolation import IsolationError
     from worker_agent.runtime.lifeline import (

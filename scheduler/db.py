@@ -40,7 +40,13 @@ def _private_sqlite_file(path: Path) -> None:
     may enter; tighten an older one. SQLite gives the WAL and shared-memory files the
     database's mode, and those left by an older one are tightened too."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # an empty file is an empty DB
+    # Only a file that does not exist yet is opened here (an empty file is an empty DB):
+    # closing any descriptor of a database file drops every SQLite lock this process
+    # holds on it, and a connection of another engine may hold some.
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
     for file in (path, path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")):
         try:
             info = file.stat()
