@@ -39,7 +39,7 @@ from api.client import ApiError, JigsawClient
 from api.credentials import resolve
 from api.simulate import simulate
 from api.specfile import SpecFileError, read_spec_file
-from scheduler.jobspec import Hyperparameters, JobSpec, TargetMetric, checked_workload
+from jigsaw.jobspec import Hyperparameters, JobSpec, TargetMetric, checked_workload
 from scheduler.settings import Settings
 from scheduler.states import JobState
 

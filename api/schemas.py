@@ -1,4 +1,4 @@
-"""Response schemas of the HTTP API (requests use scheduler.jobspec.JobSpec directly)."""
+"""Response schemas of the HTTP API (requests use jigsaw.jobspec.JobSpec directly)."""
 
 from __future__ import annotations
 
@@ -347,7 +347,7 @@ class ProfileOut(BaseModel):
     workload: str
     key: str
     created_at: datetime
-    profile: dict[str, Any] = Field(description="scheduler.spb.SPBProfile as JSON.")
+    profile: dict[str, Any] = Field(description="jigsaw.spb.SPBProfile as JSON.")
 
     @classmethod
     def of(cls, row: ModelProfile) -> ProfileOut:

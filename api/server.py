@@ -49,10 +49,11 @@ from api.credentials import (
     write_private,
 )
 from api.logs import configure_logging
+from jigsaw.gpus import GpuSlot
 from scheduler.db import engine_from_settings, session_factory, transaction
 from scheduler.dispatch import Dispatcher
 from scheduler.migrate import upgrade
-from scheduler.models.agents import GpuSlot, register
+from scheduler.models.agents import register
 from scheduler.models.users import (
     AGENT_SCOPE,
     USER_SCOPE,

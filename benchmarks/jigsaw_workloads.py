@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import emit
+from jigsaw.spb import SPBProfile
 from scheduler.makespan import makespan_lower_bound
 from scheduler.policies import Policy, jigsaw, tiresias
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles
 from scheduler.sim.trace import load_workloads
-from scheduler.spb import SPBProfile
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "shared/traces/pollux/workloads"
 CLUSTER = ClusterShape.parse("16x4")

@@ -47,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from api.server import free_port
 from benchmarks.harness import emit
-from scheduler.jobspec import Hyperparameters
+from jigsaw.jobspec import Hyperparameters
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import LocalController
 from worker_agent.runtime.gang import run_local_gang

@@ -28,14 +28,17 @@ import grpc
 from sqlalchemy import delete, func, insert, select
 
 from benchmarks.harness import emit
+from jigsaw.gpus import GpuSlot
+from jigsaw.jobspec import JobSpec
+from jigsaw.proto.v1 import agent_pb2 as pb
+from jigsaw.proto.v1 import agent_pb2_grpc
 from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.server import start_server
 from scheduler.agents.service import AgentService
 from scheduler.db import make_engine, session_factory, transaction
-from scheduler.jobspec import JobSpec
 from scheduler.migrate import upgrade
-from scheduler.models.agents import GpuSlot, instance_digest, register
+from scheduler.models.agents import instance_digest, register
 from scheduler.models.jobs import submit
 from scheduler.models.metrics import ROW_COLUMNS
 from scheduler.models.users import (
@@ -48,8 +51,6 @@ from scheduler.models.users import (
 from scheduler.orm import GPU, Allocation, IterationMetric, table_of, utcnow
 from scheduler.settings import GrpcSettings
 from tests.servers import scratch_postgres
-from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
-from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 WRITER_BATCH_ROWS = 5000

@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from benchmarks.harness import emit
-from scheduler.jobspec import Hyperparameters
+from jigsaw.jobspec import Hyperparameters
 from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import LocalController

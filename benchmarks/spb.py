@@ -50,8 +50,8 @@ from torch.utils.data import DataLoader
 
 from benchmarks.harness import emit
 from benchmarks.spb_device import one_device_rows
-from scheduler import spb
-from scheduler.jobspec import Hyperparameters, SPBConfig, TargetMetric
+from jigsaw import spb
+from jigsaw.jobspec import Hyperparameters, SPBConfig, TargetMetric
 from worker_agent.runtime.gang import run_local_gang
 from worker_agent.runtime.sampling import to_device
 from worker_agent.runtime.spb import stages as stage_cuts

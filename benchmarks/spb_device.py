@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scheduler import spb
-from scheduler.jobspec import SPBConfig
+from jigsaw import spb
+from jigsaw.jobspec import SPBConfig
 from worker_agent.runtime.spb import stages as stage_cuts
 from worker_agent.runtime.spb.memory import forward_peak_bytes
 from worker_agent.runtime.workloads.common import next_token_loss

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from scheduler import spb
-from scheduler.jobspec import SPBConfig
+from jigsaw import spb
+from jigsaw.jobspec import SPBConfig
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class JobModel:
 
         Measured step and sync times are at full backprop; the SPB profile scales the
         compute of each worker (its depth) and the bytes synchronised (the contributors
-        of each stage), the first-order model of `scheduler.spb.job_cost`.
+        of each stage), the first-order model of `jigsaw.spb.job_cost`.
         """
         key = (workers, nodes, _config_fields(config))
         cached = self._shapes.get(key)

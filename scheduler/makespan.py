@@ -26,8 +26,8 @@ import math
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 
+from jigsaw.jobspec import SPBConfig
 from scheduler.jobmodel import JobModel
-from scheduler.jobspec import SPBConfig
 
 # (seconds to finish, GPU-seconds it costs), fastest first.
 Curve = list[tuple[float, float]]

@@ -33,7 +33,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from scheduler import spb
+from jigsaw import spb
 from scheduler.jobmodel import JobModel
 from scheduler.orm import IterationMetric, Job, ModelProfile
 

@@ -11,23 +11,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import platformdirs
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def default_home() -> Path:
-    return Path(platformdirs.user_data_dir("jigsaw", appauthor=False))
-
-
-class HomeSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="JIGSAW_", extra="ignore")
-
-    home: Path = Field(
-        default_factory=default_home,
-        description="Directory for all local state: the embedded SQLite database, the "
-        "scheduler lock file and the CLI's credentials.",
-    )
+from jigsaw.home import HomeSettings
 
 
 class DatabaseSettings(BaseSettings):

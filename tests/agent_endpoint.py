@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.proto.v1 import agent_pb2_grpc
 from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.server import start_server
@@ -26,7 +27,6 @@ from scheduler.models.users import (
 )
 from scheduler.settings import GrpcSettings
 from scheduler.telemetry import SchedulerTelemetry
-from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 
 CHECKPOINT_EVERY = 7
 # How long a silent agent session holds its node name against another agent process.

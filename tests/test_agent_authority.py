@@ -19,9 +19,10 @@ import grpc
 import pytest
 from sqlalchemy import Engine, select
 
+from jigsaw.jobspec import JobSpec
+from jigsaw.proto.v1 import agent_pb2 as pb
 from scheduler import rounds
 from scheduler.db import transaction
-from scheduler.jobspec import JobSpec
 from scheduler.loop import SchedulerService
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
@@ -40,7 +41,6 @@ from tests.test_agent_protocol import (
     record,
     register_request,
 )
-from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 
 ROGUE = "a-rogue-agent-process"
 SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30)

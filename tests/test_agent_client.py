@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
+from jigsaw.proto.v1 import agent_pb2
 from scheduler.orm import Node
 from tests.agent_endpoint import Endpoint, agent_endpoint
 from tests.servers import TEST_WORKER_USER
 from worker_agent.agent import AgentRejected, run_agent
 from worker_agent.outbox import Outbox
-from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.settings import AgentSettings
 from worker_agent.spool import ReportSpool
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import worker_agent
+import jigsaw
 from worker_agent.diagnosis import checkpoint_root, diagnose
 from worker_agent.gpus import discover, probe_cuda
 from worker_agent.settings import AgentSettings
@@ -32,7 +32,7 @@ def _python(code: str) -> str:
 
 
 def test_the_distribution_takes_its_version_from_the_package() -> None:
-    assert importlib.metadata.version("jigsaw") == worker_agent.__version__
+    assert importlib.metadata.version("jigsaw") == jigsaw.__version__
 
 
 def test_the_agent_starts_without_package_metadata() -> None:
@@ -48,7 +48,7 @@ def test_the_agent_starts_without_package_metadata() -> None:
         "from worker_agent.agent import AGENT_VERSION\n"
         "print(AGENT_VERSION)\n"
     )
-    assert printed.strip() == worker_agent.__version__
+    assert printed.strip() == jigsaw.__version__
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AgentSettings:
 def test_the_diagnosis_says_what_this_node_has(settings: AgentSettings, tmp_path: Path) -> None:
     probe = probe_cuda()
     lines = diagnose(settings, discover("auto", probe), probe)
-    assert lines[0].startswith(f"jigsaw agent {worker_agent.__version__} on node node-a, Python 3.")
+    assert lines[0].startswith(f"jigsaw agent {jigsaw.__version__} on node node-a, Python 3.")
     if importlib.util.find_spec("torch") is None:
         assert lines[4].startswith("torch: cannot be imported")
     else:

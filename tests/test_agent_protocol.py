@@ -19,10 +19,11 @@ import grpc
 import pytest
 from sqlalchemy import Engine, select
 
+from jigsaw.jobspec import JobSpec
+from jigsaw.proto.v1 import agent_pb2 as pb
 from scheduler.agents.dispatcher import AgentDispatcher
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, Worker
-from scheduler.jobspec import JobSpec
 from scheduler.models.agents import instance_digest
 from scheduler.models.jobs import submit
 from scheduler.models.users import (
@@ -31,7 +32,6 @@ from scheduler.models.users import (
 )
 from scheduler.orm import GPU, Allocation, IterationMetric, Job, JobLog, ModelProfile, Node
 from tests.agent_endpoint import CHECKPOINT_EVERY, Endpoint, agent_endpoint
-from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 
 NOW = datetime.now(UTC)
 # The instance key of the agent process these tests speak for.

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from api.server import free_port
+from jigsaw.proto.v1 import agent_pb2
 from tests.runtime_helpers import TinyTrial
 from worker_agent.gpus import virtual_slots
 from worker_agent.outbox import Outbox
-from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.supervisor import Outbound, Supervisor
 

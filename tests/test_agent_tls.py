@@ -13,6 +13,8 @@ import grpc
 import pytest
 from sqlalchemy import Engine, select
 
+from jigsaw.proto.v1 import agent_pb2 as pb
+from jigsaw.proto.v1 import agent_pb2_grpc
 from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.server import start_server
@@ -23,8 +25,6 @@ from scheduler.orm import Node
 from scheduler.settings import GrpcSettings
 from tests.servers import TEST_WORKER_USER
 from worker_agent.agent import run_agent
-from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
-from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 from worker_agent.settings import AgentSettings
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")

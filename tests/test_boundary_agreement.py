@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from scheduler import spb
+from jigsaw import spb
 from worker_agent.runtime.boundary import BoundarySync, _decode, _encode
 from worker_agent.runtime.gang import run_local_gang
 from worker_agent.runtime.protocol import Action, Decision

@@ -144,8 +144,9 @@ def test_rbac_only_reads_nodes(rendered: tuple[str, list[dict[str, Any]]]) -> No
 def exported_samples(engine: Engine, db_url: str, home: Path) -> set[str]:
     """Every sample name /metrics can carry: each family with its type's suffixes."""
     from api.app import create_app
+    from jigsaw.gpus import GpuSlot
     from scheduler.db import session_factory, transaction
-    from scheduler.models.agents import GpuSlot, register
+    from scheduler.models.agents import register
     from scheduler.settings import DatabaseSettings, Settings
 
     # With a GPU, so the efficiency gauges (undefined without capacity) are exported.

@@ -18,9 +18,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.simulate import simulation_policy
+from jigsaw.jobspec import SPBConfig
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import SimulatedDispatcher
-from scheduler.jobspec import SPBConfig
 from scheduler.loop import SchedulerService
 from scheduler.models.metrics import record
 from scheduler.models.profiles import save_profile

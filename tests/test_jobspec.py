@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from scheduler.jobspec import JobSpec, PipelineConfig, SPBConfig
+from jigsaw.jobspec import JobSpec, PipelineConfig, SPBConfig
 
 BASE: dict[str, Any] = {"name": "mnist-1", "workload": "digits-mlp", "max_iterations": 100}
 

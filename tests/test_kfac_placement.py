@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
-from scheduler.jobspec import Hyperparameters, SPBConfig
-from scheduler.spb import contributors, worker_depths
+from jigsaw.jobspec import Hyperparameters, SPBConfig
+from jigsaw.spb import contributors, worker_depths
 from worker_agent.runtime.kfac.exchange import CommModel, fusion_plan
 from worker_agent.runtime.kfac.factors import discover_layers, layer_contributors
 from worker_agent.runtime.kfac.placement import balanced, round_robin

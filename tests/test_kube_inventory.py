@@ -18,9 +18,10 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.gpus import GpuSlot
 from scheduler.db import session_factory, transaction
 from scheduler.kube import NodeInventory, core_api
-from scheduler.models.agents import GpuSlot, register
+from scheduler.models.agents import register
 from scheduler.orm import Event, Node
 from scheduler.settings import KubernetesSettings
 from scheduler.snapshot import build_snapshot

@@ -13,11 +13,12 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.gpus import GpuSlot
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, SimulatedDispatcher
 from scheduler.kube import NodeStatus, apply_inventory
 from scheduler.loop import SchedulerService
-from scheduler.models.agents import GpuSlot, register
+from scheduler.models.agents import register
 from scheduler.models.nodes import DRAINED_MESSAGE
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
 from scheduler.policies import fifo

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from scheduler.jobspec import JobSpec
-from scheduler.spb import SPBProfile, StageProfile
+from jigsaw.jobspec import JobSpec
+from jigsaw.spb import SPBProfile, StageProfile
 from worker_agent.runtime.ooo.first_k import choose_first_k, iteration_seconds
 
 

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from scheduler.spb import SPBProfile, StageProfile
+from jigsaw.spb import SPBProfile, StageProfile
 from worker_agent.runtime.gang import run_local_gang
 from worker_agent.runtime.ooo.gang_first_k import agree_first_k, link_bytes_per_second
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK

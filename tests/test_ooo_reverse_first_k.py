@@ -12,8 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from scheduler import spb
-from scheduler.jobspec import SPBConfig
+from jigsaw import spb
+from jigsaw.jobspec import SPBConfig
 from tests.ooo_gang import run_on_gang
 from tests.ooo_models import CASES
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK

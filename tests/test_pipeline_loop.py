@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from scheduler.jobspec import BUILTIN_PIPELINE_STAGES, BUILTIN_WORKLOADS, Hyperparameters
+from jigsaw.jobspec import BUILTIN_PIPELINE_STAGES, BUILTIN_WORKLOADS, Hyperparameters
 from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.control import LocalController

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from jigsaw.jobspec import SPBConfig
+from jigsaw.spb import SPBProfile, StageProfile, as_json, config_key
 from scheduler.jobmodel import JobModel, colocation_factors, stretched_step
-from scheduler.jobspec import SPBConfig
 from scheduler.plan import Placement, Plan, Reconfigure
 from scheduler.policies import get_policy, jigsaw
 from scheduler.snapshot import ClusterSnapshot, JobView, NodeView
-from scheduler.spb import SPBProfile, StageProfile, as_json, config_key
 from scheduler.states import JobState
 from tests.test_policy_baselines import nodes as baseline_nodes
 

@@ -15,10 +15,11 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.gpus import GpuSlot
+from jigsaw.jobspec import JobSpec
 from scheduler.agents.ingest import ReportWriter
 from scheduler.db import session_factory, transaction
-from scheduler.jobspec import JobSpec
-from scheduler.models.agents import GpuSlot, register
+from scheduler.models.agents import register
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import Agent, IterationMetric, Job, JobLog, utcnow

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scheduler.jobspec import BUILTIN_WORKLOADS, Hyperparameters
+from jigsaw.jobspec import BUILTIN_WORKLOADS, Hyperparameters
 from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.control import LocalController
 from worker_agent.runtime.loop import run_worker

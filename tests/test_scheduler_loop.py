@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.jobspec import JobSpec
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, Launch, Report, RunOutcome, SimulatedDispatcher
-from scheduler.jobspec import JobSpec
 from scheduler.leader import LeaderLock, LeaderUnavailable
 from scheduler.loop import SchedulerService
 from scheduler.models.jobs import cancel, resume, submit, suspend

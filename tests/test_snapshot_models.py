@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler import spb
+from jigsaw import spb
+from jigsaw.jobspec import JobSpec, SPBConfig, TargetMetric
+from jigsaw.spb import SPBProfile, StageProfile, config_key
 from scheduler.db import session_factory, transaction
-from scheduler.jobspec import JobSpec, SPBConfig, TargetMetric
 from scheduler.measured import RECENT_ITERATIONS, UNKNOWN_ITERATIONS
 from scheduler.models.jobs import submit
 from scheduler.models.metrics import record
@@ -23,7 +24,6 @@ from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Allocation, Job, ModelProfile
 from scheduler.policies import jigsaw
 from scheduler.snapshot import ClusterSnapshot, build_snapshot
-from scheduler.spb import SPBProfile, StageProfile, config_key
 from scheduler.states import JobState
 from tests.test_scheduler_loop import T0, add_nodes
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scheduler import spb
-from scheduler.jobspec import BUILTIN_METRICS, BUILTIN_PARAMETER_LAYERS, Hyperparameters, SPBConfig
+from jigsaw import spb
+from jigsaw.jobspec import BUILTIN_METRICS, BUILTIN_PARAMETER_LAYERS, Hyperparameters, SPBConfig
 from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.control import LocalController

@@ -1,4 +1,4 @@
-"""What an SPB configuration means (scheduler/spb.py): depths, contributors, costs."""
+"""What an SPB configuration means (jigsaw/spb.py): depths, contributors, costs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.jobspec import SPBConfig
-from scheduler.spb import (
+from jigsaw.jobspec import SPBConfig
+from jigsaw.spb import (
     SPBProfile,
     StageProfile,
     as_json,

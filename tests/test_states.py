@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.jobspec import JobSpec
 from scheduler.db import make_engine, session_factory
-from scheduler.jobspec import JobSpec
 from scheduler.migrate import upgrade
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user

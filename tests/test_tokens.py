@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine, event, select
 
 from api.app import create_app
+from jigsaw.proto.v1 import agent_pb2 as pb
 from scheduler.db import session_factory, transaction
 from scheduler.models.users import (
     AGENT_SCOPE,
@@ -35,7 +36,6 @@ from scheduler.settings import APISettings, DatabaseSettings, Settings
 from tests.agent_endpoint import agent_endpoint
 from tests.servers import serve_app
 from tests.test_agent_protocol import Stream, hello, register_request
-from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 
 SHORT = 0.5  # seconds the `elsewhere` replica trusts a verified token
 LONG = 60.0  # ... and the `here` replica

@@ -23,12 +23,13 @@ from dataclasses import dataclass
 
 import grpc
 
-from worker_agent import __version__
+from jigsaw import __version__
+from jigsaw.gpus import GpuSlot
+from jigsaw.proto.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.diagnosis import log_diagnosis
-from worker_agent.gpus import GpuSlot, discover, probe_cuda
+from worker_agent.gpus import discover, probe_cuda, slot_proto
 from worker_agent.isolation import make_non_dumpable, token_file_warning
 from worker_agent.outbox import Outbox
-from worker_agent.proto.jigsaw.v1 import agent_pb2, agent_pb2_grpc
 from worker_agent.settings import AgentSettings
 from worker_agent.spool import SPOOL_FILE, ReportSpool
 from worker_agent.supervisor import Supervisor, json_object
@@ -193,7 +194,7 @@ def _session(
     registered = stub.Register(
         agent_pb2.RegisterRequest(
             node_name=identity.node_name,
-            gpus=[slot.to_proto() for slot in slots],
+            gpus=[slot_proto(slot) for slot in slots],
             agent_version=AGENT_VERSION,
             address=settings.address,
             instance=identity.instance,

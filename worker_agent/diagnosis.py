@@ -15,10 +15,12 @@ import shutil
 from pathlib import Path
 
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scheduler.settings import HomeSettings, Settings
-from worker_agent import __version__
-from worker_agent.gpus import CudaProbe, GpuSlot
+from jigsaw import __version__
+from jigsaw.gpus import GpuSlot
+from jigsaw.home import HomeSettings
+from worker_agent.gpus import CudaProbe
 from worker_agent.settings import AgentSettings
 
 logger = logging.getLogger(__name__)
@@ -93,13 +95,22 @@ def _torch(probe: CudaProbe | None) -> str:
         return "torch: not installed: jobs here will fail"
 
 
+class _CheckpointSetting(BaseSettings):
+    """The scheduler's JIGSAW_GRPC_CHECKPOINT_DIR, as this node's environment gives it."""
+
+    model_config = SettingsConfigDict(env_prefix="JIGSAW_GRPC_", extra="ignore")
+
+    checkpoint_dir: Path | None = None
+
+
 def checkpoint_root() -> Path:
-    """Where jobs checkpoint by default: the scheduler's setting as this node's environment
-    gives it (JIGSAW_GRPC_CHECKPOINT_DIR), else `$JIGSAW_HOME/checkpoints`."""
+    """Where jobs checkpoint by default: JIGSAW_GRPC_CHECKPOINT_DIR, else
+    `$JIGSAW_HOME/checkpoints`."""
     try:
-        return Settings().checkpoint_dir
-    except ValidationError:  # settings meant for the scheduler, not this node
-        return HomeSettings().home / "checkpoints"
+        configured = _CheckpointSetting().checkpoint_dir
+    except ValidationError:
+        configured = None
+    return configured or HomeSettings().home / "checkpoints"
 
 
 def _disk(work_dir: Path, checkpoints: Path) -> str:

@@ -8,7 +8,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from worker_agent.proto.jigsaw.v1 import agent_pb2
+from jigsaw.gpus import GpuSlot
+from jigsaw.proto.v1 import agent_pb2
 
 VIRTUAL_KIND = "virtual-cpu"
 # `auto` without CUDA: one slot per core (one torch thread each by default), but no more
@@ -16,22 +17,10 @@ VIRTUAL_KIND = "virtual-cpu"
 MAX_AUTO_VIRTUAL_SLOTS = 4
 
 
-@dataclass(frozen=True)
-class GpuSlot:
-    index: int
-    kind: str
-    memory_bytes: int
-    virtual: bool
-
-    @property
-    def device(self) -> str:
-        """The torch device a rank on this slot trains on."""
-        return "cpu" if self.virtual else f"cuda:{self.index}"
-
-    def to_proto(self) -> agent_pb2.Gpu:
-        return agent_pb2.Gpu(
-            index=self.index, kind=self.kind, memory_bytes=self.memory_bytes, virtual=self.virtual
-        )
+def slot_proto(slot: GpuSlot) -> agent_pb2.Gpu:
+    return agent_pb2.Gpu(
+        index=slot.index, kind=slot.kind, memory_bytes=slot.memory_bytes, virtual=slot.virtual
+    )
 
 
 @dataclass(frozen=True)

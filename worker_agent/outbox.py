@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TypeVar
 
-from worker_agent.proto.jigsaw.v1 import agent_pb2
+from jigsaw.proto.v1 import agent_pb2
 from worker_agent.spool import ReportSpool
 from worker_agent.supervisor import Outbound
 

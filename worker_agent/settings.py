@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, PositiveInt, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from scheduler.settings import HomeSettings
+from jigsaw.home import HomeSettings
 
 
 def default_work_dir() -> Path:

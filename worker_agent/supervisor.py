@@ -41,8 +41,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from scheduler.jobspec import JobSpec, SPBConfig
-from worker_agent.gpus import GpuSlot
+from jigsaw.gpus import GpuSlot
+from jigsaw.jobspec import JobSpec, SPBConfig
+from jigsaw.proto.v1 import agent_pb2
 from worker_agent.isolation import (
     IsolationError,
     WorkerIdentity,
@@ -52,7 +53,6 @@ from worker_agent.isolation import (
     unreachable,
     worker_environment,
 )
-from worker_agent.proto.jigsaw.v1 import agent_pb2
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.lifeline import AGENT_PID_ENV
 from worker_agent.runtime.protocol import (

@@ -23,8 +23,8 @@ from api.schemas import (
     MetricSeries,
     error_responses,
 )
+from jigsaw.jobspec import JobSpec
 from scheduler.db import transaction
-from scheduler.jobspec import JobSpec
 from scheduler.models import jobs as job_models
 from scheduler.models import metrics as metric_models
 from scheduler.models.users import Principal

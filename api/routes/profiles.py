@@ -7,10 +7,10 @@ from fastapi import APIRouter
 from api.deps import Factory, User
 from api.errors import ApiProblem
 from api.schemas import V1_ERRORS, ProfileIn, ProfileOut, ProfilePage, error_responses
+from jigsaw.jobspec import checked_workload
+from jigsaw.spb import SPBProfile, StageProfile
 from scheduler.db import transaction
-from scheduler.jobspec import checked_workload
 from scheduler.models.profiles import list_profiles, save_profile
-from scheduler.spb import SPBProfile, StageProfile
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"], responses=V1_ERRORS)
 

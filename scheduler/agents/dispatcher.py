@@ -32,6 +32,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.proto.v1 import agent_pb2 as pb
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome
 from scheduler.models.agents import (
@@ -41,7 +42,6 @@ from scheduler.models.agents import (
     node_addresses,
     runs_on_node,
 )
-from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import grpc
 
+from jigsaw.proto.v1 import agent_pb2_grpc
 from scheduler.agents.service import AgentService
 from scheduler.models.users import AGENT_SCOPE, TokenVerifier
 from scheduler.settings import GrpcSettings
-from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -34,18 +34,19 @@ import grpc
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.gpus import GpuSlot
+from jigsaw.jobspec import checked_workload
+from jigsaw.proto.v1 import agent_pb2 as pb
+from jigsaw.proto.v1 import agent_pb2_grpc
+from jigsaw.spb import SPBProfile
 from scheduler.agents.dispatcher import AgentDispatcher, AgentSession, Dropped, NodeTaken
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.scrub import scrub
 from scheduler.db import transaction
-from scheduler.jobspec import checked_workload
-from scheduler.models.agents import GpuSlot, ran_on, register
+from scheduler.models.agents import ran_on, register
 from scheduler.models.profiles import save_profile
 from scheduler.orm import Agent, Node
-from scheduler.spb import SPBProfile
 from scheduler.telemetry import SchedulerTelemetry
-from worker_agent.proto.jigsaw.v1 import agent_pb2 as pb
-from worker_agent.proto.jigsaw.v1 import agent_pb2_grpc
 
 logger = logging.getLogger(__name__)
 

@@ -11,17 +11,10 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from jigsaw.gpus import GpuSlot
 from scheduler.orm import GPU, Agent, Allocation, Node, utcnow
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class GpuSlot:
-    index: int
-    kind: str
-    memory_bytes: int
-    virtual: bool
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from scheduler.jobspec import JobSpec
+from jigsaw.jobspec import JobSpec
 from scheduler.models.users import Principal
 from scheduler.orm import GPU, Allocation, Event, Job, JobLog, Node, User
 from scheduler.states import JobState, transition

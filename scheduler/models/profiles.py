@@ -1,5 +1,5 @@
 """Model profiles: a workload's measured per-stage costs and SPB statistical price
-(`scheduler.spb.SPBProfile` as JSON), one row per workload and key.
+(`jigsaw.spb.SPBProfile` as JSON), one row per workload and key.
 
 The key says what the costs were measured at (`profile_key`): per-worker batch size and
 device kind, because step times depend on both. Saving again replaces the row.
@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jigsaw.spb import SPBProfile
 from scheduler.orm import ModelProfile, utcnow
-from scheduler.spb import SPBProfile
 
 
 def profile_key(profile: SPBProfile, device_kind: str) -> str:

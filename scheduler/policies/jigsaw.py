@@ -76,9 +76,9 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from scheduler import spb
+from jigsaw import spb
+from jigsaw.jobspec import SPBConfig
 from scheduler.jobmodel import Shape, colocation_factors, stretched_step
-from scheduler.jobspec import SPBConfig
 from scheduler.makespan import Curve, hull, least_cost, shortest_makespan
 from scheduler.plan import Placement, Plan, Reconfigure
 from scheduler.policies.fifo import FreePool

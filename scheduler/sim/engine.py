@@ -23,14 +23,14 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from scheduler import spb
+from jigsaw import spb
+from jigsaw.spb import SPBProfile
 from scheduler.jobmodel import JobModel, Shape, colocation_factors, stretched_step
 from scheduler.plan import Plan
 from scheduler.policies import Policy
 from scheduler.sim.profiles import memory_per_gpu, profile_for
 from scheduler.sim.trace import MeasuredSpeed, TraceJob
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
-from scheduler.spb import SPBProfile
 from scheduler.states import JobState, can_transition
 
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)

@@ -1,6 +1,6 @@
 """SPB profiles for simulated jobs: measured ones from files, or first-principles defaults.
 
-The runtime's profiler (`jigsaw profile`) writes `scheduler.spb.SPBProfile` JSON; give
+The runtime's profiler (`jigsaw profile`) writes `jigsaw.spb.SPBProfile` JSON; give
 the simulator a directory of such files and each job uses the profile named after its
 application, else the one named after its model family (`resnet-synthetic` serves
 cifar10, imagenet and yolov3). Until measured profiles exist, `default_profile` builds
@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.jobspec import SPBConfig
+from jigsaw.jobspec import SPBConfig
+from jigsaw.spb import SPBProfile, StageProfile, config_key
 from scheduler.policies.jigsaw import CONFIGS
-from scheduler.spb import SPBProfile, StageProfile, config_key
 
 # Which model family each Pollux application belongs to; anything else is "generic".
 FAMILY = {

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scheduler.jobspec import Hyperparameters, PipelineConfig, TargetMetric
+from jigsaw.jobspec import Hyperparameters, PipelineConfig, TargetMetric
 
 
 class WorkerConfig(BaseModel):

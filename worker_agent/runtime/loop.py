@@ -26,8 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from scheduler import spb
-from scheduler.spb import SPBProfile
+from jigsaw import spb
+from jigsaw.spb import SPBProfile
 from worker_agent.runtime import checkpoint, rng
 from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig

@@ -17,7 +17,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import Dataset
 
-from scheduler.jobspec import Hyperparameters
+from jigsaw.jobspec import Hyperparameters
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ def layer_contributors(
     stages: list[nn.Module],
     stage_contributors: tuple[frozenset[int], ...],
 ) -> dict[str, frozenset[int]]:
-    """Per K-FAC layer, the workers that train its stage (`scheduler.spb.contributors`
+    """Per K-FAC layer, the workers that train its stage (`jigsaw.spb.contributors`
     gives them per stage), for `KFACPreconditioner.set_contributors`."""
     if len(stages) != len(stage_contributors):
         raise ValueError(f"{len(stages)} stages but {len(stage_contributors)} contributor sets")

@@ -11,7 +11,7 @@ start of backward to the end of the next forward. It imports no torch.
 
 from __future__ import annotations
 
-from scheduler.spb import SPBProfile
+from jigsaw.spb import SPBProfile
 
 
 def iteration_seconds(

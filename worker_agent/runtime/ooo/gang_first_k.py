@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scheduler.spb import SPBProfile
+from jigsaw.spb import SPBProfile
 from worker_agent.runtime.ooo.first_k import choose_first_k
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
 

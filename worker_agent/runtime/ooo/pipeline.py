@@ -29,7 +29,7 @@ from torch.distributed.pipelining import (
 )
 from torch.optim import Optimizer
 
-from scheduler.jobspec import PipelineSchedule
+from jigsaw.jobspec import PipelineSchedule
 
 PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = get_args(PipelineSchedule)
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from scheduler import spb
-from scheduler.jobspec import Hyperparameters, SPBConfig, TargetMetric
-from scheduler.spb import SPBProfile
+from jigsaw import spb
+from jigsaw.jobspec import Hyperparameters, SPBConfig, TargetMetric
+from jigsaw.spb import SPBProfile
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.gang import free_local_port, run_workers
 from worker_agent.runtime.protocol import Outcome

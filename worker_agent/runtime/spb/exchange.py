@@ -6,7 +6,7 @@ contributor set form one bucket, flattened into one buffer. A bucket every rank 
 is all-reduced over the world, as DDP would. Otherwise its contributors all-reduce it
 among themselves (a process group of C_s) and the lowest contributor broadcasts the mean
 to the others (a group of that rank and the non-contributors): together 2(c-1) + (N-c)
-gradients on the wire instead of a ring all-reduce's 2(N-1) (`scheduler.spb.
+gradients on the wire instead of a ring all-reduce's 2(N-1) (`jigsaw.spb.
 exchange_bytes`). Every rank ends with the same gradient in every parameter's `.grad`,
 so every replica takes the same optimizer step. The world bucket also carries the
 boundary agreement when one is offered (`boundary`).
@@ -19,7 +19,7 @@ in the same order, as `new_group` requires. Buffers (BatchNorm statistics) follo
 Bytes are counted as the wire bytes this rank sends under the standard algorithms: a
 ring all-reduce of n bytes over k ranks sends 2(k-1)/k n per rank, and a broadcast
 delivers n to each receiver (counted at the receiver). Summed over ranks this is the
-cost model of `scheduler.spb`.
+cost model of `jigsaw.spb`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from scheduler.spb import contributors
+from jigsaw.spb import contributors
 from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.spb.stages import Stages
 from worker_agent.runtime.timing import ring_allreduce_bytes

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from scheduler import spb
-from scheduler.jobspec import SPBConfig
+from jigsaw import spb
+from jigsaw.jobspec import SPBConfig
 from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.spb.exchange import StageExchange
 from worker_agent.runtime.spb.stages import Stages

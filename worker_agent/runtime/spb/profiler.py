@@ -1,4 +1,4 @@
-"""Per-stage costs of a workload, measured: the `scheduler.spb.SPBProfile` policies price
+"""Per-stage costs of a workload, measured: the `jigsaw.spb.SPBProfile` policies price
 SPB configurations with.
 
 On one worker's batch (the global batch over the job's workers), for each stage:
@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from scheduler.jobspec import Hyperparameters
-from scheduler.spb import SPBProfile, StageProfile
+from jigsaw.jobspec import Hyperparameters
+from jigsaw.spb import SPBProfile, StageProfile
 from worker_agent.runtime.sampling import to_device
 from worker_agent.runtime.spb import stages as stage_cuts
 from worker_agent.runtime.spb.memory import SavedActivations

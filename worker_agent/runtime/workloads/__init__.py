@@ -2,7 +2,7 @@
 
 Loading a user trial runs its module's code: only the training process does it (see
 `runtime.worker`); the scheduler checks the reference's form alone
-(`scheduler.jobspec.checked_workload`).
+(`jigsaw.jobspec.checked_workload`).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.jobspec import SPBConfig
+from jigsaw.jobspec import SPBConfig
 
 
 def resolve(setting: Any) -> SPBConfig | None:

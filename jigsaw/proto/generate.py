@@ -1,9 +1,9 @@
 """Regenerate the gRPC Python modules from `agent.proto`.
 
-    python -m worker_agent.proto.generate
+    python -m jigsaw.proto.generate
 
 Run from anywhere; it works from the repository root so the generated imports read
-`worker_agent.proto.jigsaw.v1.agent_pb2`. CI runs it and then `git diff --exit-code`, so
+`jigsaw.proto.v1.agent_pb2`. CI runs it and then `git diff --exit-code`, so
 the committed modules always match the .proto.
 """
 
@@ -18,7 +18,7 @@ from grpc_tools import protoc
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-PROTO = Path("worker_agent/proto/jigsaw/v1/agent.proto")
+PROTO = Path("jigsaw/proto/v1/agent.proto")
 
 
 def main() -> int:

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from worker_agent.proto.jigsaw.v1 import agent_pb2 as worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2
+from jigsaw.proto.v1 import agent_pb2 as jigsaw_dot_proto_dot_v1_dot_agent__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in worker_agent/proto/jigsaw/v1/agent_pb2_grpc.py depends on'
+        + ' but the generated code in jigsaw/proto/v1/agent_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,13 +37,13 @@ class AgentServiceStub:
         """
         self.Register = channel.unary_unary(
                 '/jigsaw.v1.AgentService/Register',
-                request_serializer=worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.RegisterResponse.FromString,
+                request_serializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterResponse.FromString,
                 _registered_method=True)
         self.Connect = channel.stream_stream(
                 '/jigsaw.v1.AgentService/Connect',
-                request_serializer=worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
-                response_deserializer=worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.SchedulerMessage.FromString,
+                request_serializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
+                response_deserializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.SchedulerMessage.FromString,
                 _registered_method=True)
 
 
@@ -72,13 +72,13 @@ def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.RegisterRequest.FromString,
-                    response_serializer=worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.RegisterResponse.SerializeToString,
+                    request_deserializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterRequest.FromString,
+                    response_serializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterResponse.SerializeToString,
             ),
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.AgentMessage.FromString,
-                    response_serializer=worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.SchedulerMessage.SerializeToString,
+                    request_deserializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.AgentMessage.FromString,
+                    response_serializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.SchedulerMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -107,8 +107,8 @@ class AgentService:
             request,
             target,
             '/jigsaw.v1.AgentService/Register',
-            worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.RegisterRequest.SerializeToString,
-            worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.RegisterResponse.FromString,
+            jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterRequest.SerializeToString,
+            jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -134,8 +134,8 @@ class AgentService:
             request_iterator,
             target,
             '/jigsaw.v1.AgentService/Connect',
-            worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
-            worker__agent_dot_proto_dot_jigsaw_dot_v1_dot_agent__pb2.SchedulerMessage.FromString,
+            jigsaw_dot_proto_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
+            jigsaw_dot_proto_dot_v1_dot_agent__pb2.SchedulerMessage.FromString,
             options,
             channel_credentials,
             insecure,
