@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +43,8 @@ def _private_sqlite_file(path: Path) -> None:
     # Only a file that does not exist yet is opened here (an empty file is an empty DB):
     # closing any descriptor of a database file drops every SQLite lock this process
     # holds on it, and a connection of another engine may hold some.
-    try:
+    with suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    except FileExistsError:
-        pass
     for file in (path, path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")):
         try:
             info = file.stat()
