@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.goodput import (
@@ -192,13 +192,17 @@ def test_fit_reproduces_the_measured_steps(app: str) -> None:
 @needs_apps
 @pytest.mark.parametrize("app", APP_NAMES)
 def test_fit_predicts_held_out_steps(app: str) -> None:
-    """Fitted on a quarter of the measurements, the rest within 10% (median); fitted on
-    up to 8 GPUs, sizes of 9 to 16 GPUs within 10% (median), 25% (nine in ten)."""
+    """Fitted on a quarter of the measurements, the rest within 10% (median). Fitted
+    on up to 4 GPUs, sizes of 5 to 8 GPUs within 25% (median: the ring all-reduce's
+    traffic saturates, a linear network term overshoots); on up to 8, sizes of 9 to 16
+    within 10% (median) and 25% (nine in ten)."""
     samples = _profile(app)
     order = np.random.default_rng(0).permutation(len(samples))
     quarter = len(samples) // 4
     fitted = fit_throughput([samples[i] for i in order[:quarter]])
     assert np.median(_errors(fitted, [samples[i] for i in order[quarter:]])) < 0.10
+    fitted = fit_throughput([s for s in samples if s.workers <= 4])
+    assert np.median(_errors(fitted, [s for s in samples if 4 < s.workers <= 8])) < 0.25
     fitted = fit_throughput([s for s in samples if s.workers <= 8])
     errors = _errors(fitted, [s for s in samples if 8 < s.workers <= 16])
     assert np.median(errors) < 0.10
@@ -210,6 +214,12 @@ def test_fit_predicts_held_out_steps(app: str) -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(perfs, grads, limits(), sizes())
+@example(  # the best batch is a whole number of samples per micro-batch: 42, not 45
+    PerfParams(0.076, 0.0094, 0.2, 0.01, 0.05, 0.002, 2.0),
+    GradParams(1.0, 1.0),
+    BatchLimits(base=40, min=40, max=376, max_per_gpu=17),
+    (1, 1),
+)
 def test_best_batch_respects_the_limits_and_beats_every_batch_it_could_run(
     perf: PerfParams, grad: GradParams, limit: BatchLimits, size: tuple[int, int]
 ) -> None:
@@ -228,7 +238,7 @@ def test_best_batch_respects_the_limits_and_beats_every_batch_it_could_run(
     assert choice.per_gpu == math.ceil(choice.batch / micro_batches) <= limit.max_per_gpu
     assert choice.batch // micro_batches >= limit.min_per_gpu
     assert choice.goodput == pytest.approx(model.goodput(workers, nodes, choice.batch))
-    assert choice.goodput >= 0.99 * best  # tried a sample of the batches, not all
+    assert choice.goodput >= 0.995 * best  # tried a sample of the batches, not all
 
 
 def _batch(model: GoodputModel, workers: int, nodes: int) -> int:
