@@ -5,7 +5,7 @@ For each database (SQLite embedded default, PostgreSQL), start `jigsaw up`, then
 in the same run, and report rate, p50/p99 latency and errors. Target: submissions reach
 at least half the trivial endpoint's rate with zero errors.
 
-    python -m benchmarks.api_submit [--requests 5000] [--clients 32] [--json]
+    python -m benchmarks.api_submit [--requests 5000] [--clients 32] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import emit, percentile
+from benchmarks.harness import add_output_options, emit, percentile
 from tests.servers import jigsaw_up, scratch_postgres
 
 POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--postgres", default=POSTGRES, help="server URL to create a DB on")
     parser.add_argument("--only", choices=("sqlite", "postgres"), help="one database only")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_output_options(parser)
     args = parser.parse_args()
     rows = []
     if args.only != "postgres":
@@ -106,7 +106,7 @@ def main() -> None:
     if args.only != "sqlite":
         with scratch_postgres(args.postgres, prefix="jigsaw_bench") as url:
             rows += measure("postgres", url, args.requests, args.clients)
-    emit(rows, f"{args.requests} requests, {args.clients} concurrent clients", args.json)
+    emit(rows, f"{args.requests} requests, {args.clients} concurrent clients", args.output)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ own view is also given: the job's creation to its RUNNING event (launch acknowle
 The first iteration of a run is flushed at once by the worker and the agent, so the
 report batching does not count. Target: warm <= 1 s.
 
-    python -m benchmarks.dispatch_latency [--runs 5] [--round-seconds 0.05] [--json]
+    python -m benchmarks.dispatch_latency [--runs 5] [--round-seconds 0.05] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from api.client import JigsawClient
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from tests.cluster import Cluster, cluster, ended, wait_for
 
 NODE = "bench"
@@ -57,7 +57,7 @@ def main() -> None:
         default=2.0,
         help="pause once the agent is ready, so that the node is idle at submission",
     )
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
     runs = measure(args.runs, args.round_seconds, args.iterations, args.settle_seconds)
     emit(
@@ -65,7 +65,7 @@ def main() -> None:
         f"Dispatch latency, submission to first reported iteration (seconds; scheduler "
         f"round JIGSAW_SCHEDULER_ROUND_SECONDS={args.round_seconds}, {args.runs} runs "
         "per mode; target warm <= 1 s)",
-        args.json,
+        args.output,
     )
 
 

@@ -9,7 +9,7 @@ a crash (SIGKILL: PostgreSQL frees the advisory lock when the connection drops),
 that the crash's extra cost is the difference. Target: takeover after a SIGKILL within
 10 s.
 
-    python -m benchmarks.failover [--runs 4] [--retry-seconds 2] [--json]
+    python -m benchmarks.failover [--runs 4] [--retry-seconds 2] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from tests.servers import Server, jigsaw_up, scratch_postgres
 
 POSTGRES = os.environ.get(
@@ -86,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=6, help="leader stops, alternating modes")
     parser.add_argument("--retry-seconds", type=float, default=2.0, help="campaign period")
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
     results = measure(args.runs, args.retry_seconds)
     baseline = statistics.median(s for m, s in results if m == "sigterm")
@@ -106,7 +106,7 @@ def main() -> None:
     emit(
         rows,
         "Scheduler failover: leader stopped -> the other replica leads (target 10 s)",
-        args.json,
+        args.output,
     )
 
 

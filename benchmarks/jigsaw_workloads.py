@@ -14,10 +14,12 @@ least makespan any schedule could reach (`scheduler.makespan`, a relaxation that
 every job's length and resizes for free) would gain over Tiresias: the headroom.
 Targets (median over workloads): average JCT -25% or better, efficiency +28% or better.
 
-    python -m benchmarks.jigsaw_workloads [--spb-profiles DIR] [--json]
+    python -m benchmarks.jigsaw_workloads [--spb-profiles DIR] [--json | --markdown]
 
 `--spb-profiles`: measured SPB profiles (`jigsaw profile WORKLOAD --json`) instead of
-the assumed defaults, matched as `jigsaw simulate` matches them.
+the assumed defaults, matched as `jigsaw simulate` matches them. The tables show JigSaw
+workload by workload and every variant's medians (docs/results/simulation.md); `--json`
+gives every variant on every workload.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from jigsaw.spb import SPBProfile
 from scheduler.makespan import makespan_lower_bound
 from scheduler.policies import Policy, jigsaw, tiresias
@@ -51,6 +53,17 @@ VARIANTS: dict[str, Policy] = {
     "jigsaw, no SPB/packing": partial(jigsaw.schedule, max_guests=0, spb_enabled=False),
 }
 
+FORMATS = {
+    "tiresias_avg_jct_s": "{:,.0f}",
+    "avg_jct_s": "{:,.0f}",
+    "tiresias_efficiency": "{:.3f}",
+    "efficiency": "{:.3f}",
+    "jct_change": "{:+.1%}",
+    "efficiency_change": "{:+.1%}",
+    "ideal_efficiency_change": "{:+.1%}",
+    "batch_jct_change": "{:+.1%}",
+}
+
 
 def _simulator(jobs: Any, policy: Policy, zero: bool, profiles: dict[str, SPBProfile]) -> Simulator:
     options = SimOptions(zero_arrivals=zero, spb_profiles=profiles)
@@ -64,7 +77,7 @@ def _run(jobs: Any, policy: Policy, zero: bool, profiles: dict[str, SPBProfile])
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spb-profiles", type=Path)
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
     if not WORKLOADS.is_dir():
         parser.error(f"{WORKLOADS} not found: the Pollux traces live in ../shared/traces")
@@ -119,7 +132,18 @@ def main() -> None:
                 "batch_jct_change": statistics.median(batch_changes),
             }
         )
-    emit(rows, "JigSaw vs Tiresias, Pollux workloads on 16x4", args.json)
+    if args.output == "json":
+        emit(rows, "", "json")
+        return
+    # For people: JigSaw workload by workload, then every variant's medians.
+    title = "JigSaw vs Tiresias, Pollux workloads on 16x4"
+    emit([row for row in rows if row["case"].endswith(" jigsaw")], title, args.output, FORMATS)
+    medians = [
+        {key: row[key] for key in ("case", "jct_change", "efficiency_change", "batch_jct_change")}
+        for row in rows
+        if row["case"].startswith("median ")
+    ]
+    emit(medians, "Ablations: medians over the workloads", args.output, FORMATS)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ the split's host-side timers measure the GPU's work; iteration times are then up
 bounds.
 
     python -m benchmarks.kfac [--workers 4] [--iterations 20] [--ooo-first-k K]
-                              [--device cpu|cuda] [--json]
+                              [--device cpu|cuda] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from api.server import free_port
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from jigsaw.jobspec import Hyperparameters
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import LocalController
@@ -301,7 +301,7 @@ def main() -> None:
     parser.add_argument("--sgd-lr", type=float, nargs="+", default=[0.03, 0.1, 0.3])
     parser.add_argument("--skip-training", action="store_true")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
     if args.workers < 1 or args.iterations < 1 or args.repeats < 1 or args.warmup < 3:
         parser.error("--workers, --iterations, --repeats must be >= 1 and --warmup >= 3")
@@ -313,9 +313,9 @@ def main() -> None:
     workers = (
         f"{args.workers} {'NCCL workers on GPUs' if args.device == 'cuda' else 'gloo workers'}"
     )
-    emit(_iteration_rows(args), f"K-FAC iteration time, {workers}", args.json)
+    emit(_iteration_rows(args), f"K-FAC iteration time, {workers}", args.output)
     if not args.skip_training:
-        emit(_training_rows(args), f"Steps and time to {args.target} accuracy", args.json)
+        emit(_training_rows(args), f"Steps and time to {args.target} accuracy", args.output)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ pipeline settings need a GPU per process and NCCL, which this benchmark's gangs 
 CPU processes) do not set up; their CUDA paths are exercised by the GPU test lane.
 
     python -m benchmarks.ooo [--workers 4] [--pipeline-stages 4] [--repeats 3]
-                             [--device cpu|cuda] [--json]
+                             [--device cpu|cuda] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from worker_agent.runtime.gang import run_local_gang
 from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
@@ -284,7 +284,7 @@ def main() -> None:
         choices=["single-device", "data-parallel", "pipeline"],
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -308,7 +308,7 @@ def main() -> None:
     if "pipeline" in args.settings:
         stages = args.pipeline_stages
         rows += _rows("pipeline", "gpipe", _gang(stages, _pipeline, args), stages)
-    emit(rows, "Out-of-order backprop vs baselines (medians)", args.json)
+    emit(rows, "Out-of-order backprop vs baselines (medians)", args.output)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ told that the last job was submitted two hours ago, when it also computes the
 backlog's least makespan and paces the jobs that would set it (its costliest round).
 Targets: JigSaw <= 20 ms at 64 GPUs and 160 jobs, <= 1 s at 8,192 GPUs and 10,000 jobs.
 
-    python -m benchmarks.policy_round [--repeat 5] [--json]
+    python -m benchmarks.policy_round [--repeat 5] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from scheduler.plan import Plan
 from scheduler.policies import Policy, get_policy
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
@@ -75,7 +75,7 @@ def time_policy(policy: Policy, snapshot: ClusterSnapshot, repeat: int) -> tuple
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
     if not WORKLOAD.exists():
         parser.error(f"{WORKLOAD} not found: the Pollux traces live in ../shared/traces")
@@ -108,7 +108,7 @@ def main() -> None:
                 "met_cold": max(measured["jigsaw"][0], measured["jigsaw paced"][0]) <= target_ms,
             }
         )
-    emit(rows, "One scheduling round (ms; jigsaw_ms and tiresias_ms warm medians)", args.json)
+    emit(rows, "One scheduling round (ms; jigsaw_ms and tiresias_ms warm medians)", args.output)
 
 
 if __name__ == "__main__":

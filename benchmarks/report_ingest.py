@@ -12,7 +12,8 @@ baseline inserts the same number of rows with plain multi-row INSERTs (SQLAlchem
 executemany) in transactions of the writer's batch size, from one thread; the writer
 itself uses COPY. Target: >= 20,000 rows/s and >= 50% of the baseline.
 
-    python -m benchmarks.report_ingest [--agents 200] [--messages 15] [--records 100] [--json]
+    python -m benchmarks.report_ingest [--agents 200] [--messages 15] [--records 100]
+                                       [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import grpc
 from sqlalchemy import delete, func, insert, select
 
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from jigsaw.gpus import GpuSlot
 from jigsaw.jobspec import JobSpec
 from jigsaw.proto.v1 import agent_pb2 as pb
@@ -233,7 +234,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100, help="iteration records a message")
     parser.add_argument("--client-processes", type=int, default=3)
     parser.add_argument("--postgres", default=POSTGRES, help="server URL (a scratch DB is made)")
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
 
     with scratch_postgres(args.postgres, prefix="jigsaw_bench") as url:
@@ -272,7 +273,7 @@ def main() -> None:
             },
         ],
         "Iteration report ingest into PostgreSQL",
-        args.json,
+        args.output,
     )
 
 

@@ -9,7 +9,7 @@ Iterations are timed after a warm-up, from boundary `warmup` to the last boundar
 Figures are medians over repetitions; "overhead %" is the runtime's median time per
 iteration over the bare loop's, minus one.
 
-    python -m benchmarks.runtime_overhead [--workload digits-cnn] [--lease 1] [--json]
+    python -m benchmarks.runtime_overhead [--workload digits-cnn] [--lease 1] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from jigsaw.jobspec import Hyperparameters
 from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.config import WorkerConfig
@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument(
         "--lease", type=int, default=1, help="boundaries a decision holds (1: ask at each)"
     )
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
 
     # A queue of the spawn context the gang's processes are made with.
@@ -247,7 +247,9 @@ def main() -> None:
         }
         for mode, values in per_iteration.items()
     ]
-    emit(rows, f"Runtime overhead vs bare DDP ({args.repeats} interleaved repetitions)", args.json)
+    emit(
+        rows, f"Runtime overhead vs bare DDP ({args.repeats} interleaved repetitions)", args.output
+    )
 
     per_step: dict[str, float] = run_local_gang(_agreement_member, WORLD_SIZE, args)[0]
     rows = [
@@ -263,7 +265,7 @@ def main() -> None:
     emit(
         rows,
         f"What the boundary agreement costs ({_CHUNKS} chunks of {_CHUNK_STEPS} steps)",
-        args.json,
+        args.output,
     )
 
 

@@ -31,8 +31,9 @@ a GPU), each as a ratio to the full worker's. No exchange: bytes and iteration t
 one device per worker.
 
     python -m benchmarks.spb [--workers 4] [--rounds 3] [--iterations 10] [--no-target]
-                             [--plot docs/spb-tradeoff.png] [--json]
-    python -m benchmarks.spb --device cuda [--workers 4] [--rounds 3] [--small] [--json]
+                             [--plot docs/spb-tradeoff.png] [--json | --markdown]
+    python -m benchmarks.spb --device cuda [--workers 4] [--rounds 3] [--small]
+                             [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from benchmarks.harness import emit
+from benchmarks.harness import add_output_options, emit
 from benchmarks.spb_device import one_device_rows
 from jigsaw import spb
 from jigsaw.jobspec import Hyperparameters, SPBConfig, TargetMetric
@@ -350,20 +351,20 @@ def main() -> None:
     parser.add_argument(
         "--small", action="store_true", help="one device: the CPU workloads, not the large ones"
     )
-    parser.add_argument("--json", action="store_true")
+    add_output_options(parser)
     args = parser.parse_args()
     if args.device == "cuda" or args.one_device:
         if args.device == "cuda" and not torch.cuda.is_available():
             parser.error("--device cuda: torch sees no CUDA device here")
         device = torch.device("cuda", 0) if args.device == "cuda" else _CPU
         rows = one_device_rows(CONFIGS, device, args.workers, args.rounds, args.small)
-        emit(rows, f"SPB's partial worker vs a full one, on {device}", args.json)
+        emit(rows, f"SPB's partial worker vs a full one, on {device}", args.output)
         return
     rows = _iteration_rows(args.workers, args.rounds, args.iterations)
-    emit(rows, f"SPB vs DDP per iteration, {args.workers} gloo workers on CPU", args.json)
+    emit(rows, f"SPB vs DDP per iteration, {args.workers} gloo workers on CPU", args.output)
     targets = [] if args.no_target else _target_rows(args.workers)
     if targets:
-        emit(targets, "Time to target vs full backprop", args.json)
+        emit(targets, "Time to target vs full backprop", args.output)
     if args.plot is not None:
         _plot(rows, targets, args.plot)
 
