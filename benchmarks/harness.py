@@ -54,7 +54,8 @@ def emit(
     console = Console(width=None if sys.stdout.isatty() else 200)
     if output == "json":
         for row in rows:
-            console.out(json.dumps(row), highlight=False)
+            # Strict JSON: a figure a row does not have (NaN) is null.
+            console.out(json.dumps(_json_safe(row), allow_nan=False), highlight=False)
         return
     forms = formats or {}
     cells = [[_cell(value, forms.get(column)) for column, value in row.items()] for row in rows]
@@ -89,3 +90,10 @@ def _cell(value: Any, form: str | None) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}"
     return str(value)
+
+
+def _json_safe(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        key: None if isinstance(value, float) and not math.isfinite(value) else value
+        for key, value in row.items()
+    }

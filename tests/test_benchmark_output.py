@@ -38,6 +38,12 @@ def test_json_keeps_every_value_unformatted(capsys: pytest.CaptureFixture[str]) 
     assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == ROWS[:1]
 
 
+def test_json_is_strict_a_missing_figure_is_null(capsys: pytest.CaptureFixture[str]) -> None:
+    emit(ROWS[1:2], "title", "json")
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line, parse_constant=pytest.fail)["avg_jct_s"] is None
+
+
 def test_the_output_options_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
     assert (_output(), _output("--json"), _output("--markdown")) == ("table", "json", "markdown")
     with pytest.raises(SystemExit):
