@@ -22,7 +22,6 @@ from benchmarks.interference_data import (
     host_with_guest_pairs,
 )
 from scheduler.core.interference import (
-    Fits,
     InterferenceModel,
     Sharing,
     fits_from_json,
@@ -142,7 +141,6 @@ def test_devices_map_to_their_generation_and_unknown_ones_to_the_most_pessimisti
 
 def test_a_generation_measured_only_without_mps_uses_that_fit_under_mps() -> None:
     assert FITS.get("k80", Sharing.MPS) is FITS.get("k80", Sharing.TIME_SLICING)
-    assert isinstance(FITS, Fits)
 
 
 # ------------------------------------------------------------- against the measurements
