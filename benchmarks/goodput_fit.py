@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import emit
+from benchmarks.harness import emit, markdown_table
 from scheduler.core.goodput import (
     BatchLimits,
     GoodputModel,
@@ -241,9 +241,8 @@ def _markdown_table(rows: list[dict[str, Any]]) -> str:
             return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
         return "" if value is None else str(value)
 
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + " --- |" * len(rows[0])]
-    lines += ["| " + " | ".join(cell(v) for v in row.values()) + " |" for row in rows]
-    return "\n".join(lines)
+    cells = [[cell(value) for value in row.values()] for row in rows]
+    return "\n".join(markdown_table(list(rows[0]), cells))
 
 
 MARKDOWN_HEAD = """# The goodput model against the Pollux applications
@@ -337,7 +336,10 @@ def main() -> None:
         sys.stdout.write("\n\n".join(parts) + "\n")
         return
     for name, rows in tables.items():
-        emit([{"table": name, **row} for row in rows] if args.json else rows, name, args.json)
+        if args.json:
+            emit([{"table": name, **row} for row in rows], name, "json")
+        else:
+            emit(rows, name, "table")
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import brentq, least_squares
 
-from benchmarks.harness import emit, percentile
+from benchmarks.harness import emit, markdown_table, percentile
 from benchmarks.interference_data import (
     GAVEL_GENERATIONS,
     MEASUREMENTS,
@@ -417,10 +417,8 @@ def parameters_document(fits: Fits) -> dict[str, Any]:
 
 
 def _markdown(rows: list[dict[str, Any]]) -> str:
-    header = list(rows[0])
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(str(row[c]) for c in header) + " |" for row in rows]
-    return "\n".join(lines)
+    cells = [[str(value) for value in row.values()] for row in rows]
+    return "\n".join(markdown_table(list(rows[0]), cells))
 
 
 def main() -> None:
@@ -446,9 +444,9 @@ def main() -> None:
         if args.markdown:
             sys.stdout.write(f"### {title}\n\n{_markdown(rows)}\n\n")
         elif args.json:
-            emit([{"table": name, **row} for row in rows], title, as_json=True)
+            emit([{"table": name, **row} for row in rows], title, "json")
         else:
-            emit(rows, title, as_json=False)
+            emit(rows, title, "table")
 
 
 if __name__ == "__main__":

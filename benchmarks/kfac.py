@@ -53,7 +53,9 @@ from worker_agent.runtime.control import LocalController
 from worker_agent.runtime.gang import run_local_gang
 from worker_agent.runtime.kfac import KFACSGD, NAIVE, KFACSettings, StepTimes
 from worker_agent.runtime.loop import run_worker
-from worker_agent.runtime.ooo.schedules import BackpropSchedule, StandardBackprop, out_of_order
+from worker_agent.runtime.ooo.schedules import out_of_order
+from worker_agent.runtime.schedules.base import BackpropSchedule
+from worker_agent.runtime.schedules.standard import StandardBackprop
 from worker_agent.runtime.trial import TrialContext
 from worker_agent.runtime.workloads import load_trial
 

@@ -43,13 +43,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from benchmarks.harness import add_output_options, emit
 from worker_agent.runtime.gang import run_local_gang
-from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
 from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
-from worker_agent.runtime.ooo.schedules import (
-    BackpropSchedule,
-    DeferredWeightBackprop,
-    StandardBackprop,
-)
+from worker_agent.runtime.ooo.schedules import DeferredWeightBackprop
+from worker_agent.runtime.schedules.base import BackpropSchedule
+from worker_agent.runtime.schedules.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
+from worker_agent.runtime.schedules.standard import StandardBackprop
 from worker_agent.runtime.workloads.common import next_token_loss
 from worker_agent.runtime.workloads.nets import TransformerLM, TransformerPart
 

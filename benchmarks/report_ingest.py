@@ -31,8 +31,8 @@ from sqlalchemy import delete, func, insert, select
 from benchmarks.harness import add_output_options, emit
 from jigsaw.gpus import GpuSlot
 from jigsaw.jobspec import JobSpec
-from jigsaw.proto.v1 import agent_pb2 as pb
-from jigsaw.proto.v1 import agent_pb2_grpc
+from jigsaw.proto.v2 import agent_pb2 as pb
+from jigsaw.proto.v2 import agent_pb2_grpc
 from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.server import start_server

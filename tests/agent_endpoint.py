@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from jigsaw.proto.v1 import agent_pb2_grpc
+from jigsaw.proto.v2 import agent_pb2_grpc
 from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.server import start_server

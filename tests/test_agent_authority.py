@@ -10,7 +10,6 @@ rounds over the real `AgentDispatcher` and `AgentService`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 from sqlalchemy import Engine, select
 
 from jigsaw.jobspec import JobSpec
-from jigsaw.proto.v1 import agent_pb2 as pb
+from jigsaw.proto.v2 import agent_pb2 as pb
 from scheduler import rounds
 from scheduler.db import transaction
 from scheduler.loop import SchedulerService
@@ -249,7 +248,7 @@ def test_a_registered_node_attracts_no_placement_until_its_stream_connects(
     _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
     result = _round(endpoint)
     assert rounds.LEASE in [d.kind for d in result.decisions if d.job_id == job_id]
-    assert json.loads(_command(stream).launch.spec_json)["workers"] == 2
+    assert _command(stream).launch.spec.workers == 2
     stream.close()
 
 

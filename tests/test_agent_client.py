@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from jigsaw.proto.v1 import agent_pb2
+from jigsaw.proto.v2 import agent_pb2
 from scheduler.orm import Node
 from tests.agent_endpoint import Endpoint, agent_endpoint
 from tests.servers import TEST_WORKER_USER

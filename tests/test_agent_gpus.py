@@ -8,15 +8,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from jigsaw.proto.v1 import agent_pb2
+from jigsaw.proto.v2 import agent_pb2
 from worker_agent.gpus import (
     MAX_AUTO_VIRTUAL_SLOTS,
     VIRTUAL_KIND,
     discover,
-    slot_proto,
     total_memory_bytes,
 )
 from worker_agent.settings import AgentSettings
+from worker_agent.wire import gpu
 
 
 def test_n_virtual_slots_share_the_memory() -> None:
@@ -26,7 +26,7 @@ def test_n_virtual_slots_share_the_memory() -> None:
         slot.virtual and slot.kind == VIRTUAL_KIND and slot.device == "cpu" for slot in slots
     )
     assert slots[0].memory_bytes == total_memory_bytes() // 3 > 0
-    assert slot_proto(slots[2]) == agent_pb2.Gpu(
+    assert gpu(slots[2]) == agent_pb2.Gpu(
         index=2, kind=VIRTUAL_KIND, memory_bytes=slots[2].memory_bytes, virtual=True
     )
 

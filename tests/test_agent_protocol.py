@@ -7,20 +7,22 @@ that does not start with hello, reports about jobs it was never given.
 
 from __future__ import annotations
 
-import json
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from sqlalchemy import Engine, select
 
+import jigsaw
 from jigsaw.jobspec import JobSpec
-from jigsaw.proto.v1 import agent_pb2 as pb
+from jigsaw.proto.v2 import agent_pb2 as pb
 from scheduler.agents.dispatcher import AgentDispatcher
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, Worker
@@ -192,6 +194,42 @@ def test_calls_without_a_cluster_token_are_refused_and_change_nothing(
         with pytest.raises(grpc.RpcError) as refused:
             next(stream)
         assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    assert endpoint.count(Node) == 0
+
+
+def test_agents_of_protocol_v1_are_told_to_upgrade_and_change_nothing(
+    endpoint: Endpoint,
+) -> None:
+    """An old agent's calls, byte for byte: v1's Register and Connect messages are v2's
+    with the same fields (its spec and profile fields never appear in them)."""
+    channel = grpc.insecure_channel(endpoint.address)
+    try:
+        register = channel.unary_unary(
+            "/jigsaw.v1.AgentService/Register",
+            request_serializer=pb.RegisterRequest.SerializeToString,
+            response_deserializer=pb.RegisterResponse.FromString,
+        )
+        connect = channel.stream_stream(
+            "/jigsaw.v1.AgentService/Connect",
+            request_serializer=pb.AgentMessage.SerializeToString,
+            response_deserializer=pb.SchedulerMessage.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            register(register_request(), metadata=endpoint.auth())
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert refused.value.details() == (
+            f"this scheduler speaks jigsaw.v2; upgrade the agent to {jigsaw.__version__}"
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            next(connect(iter([hello()]), metadata=endpoint.auth()))
+        assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert "upgrade the agent" in str(refused.value.details())
+        # A token is still needed to learn even that.
+        with pytest.raises(grpc.RpcError) as refused:
+            register(register_request(), metadata=[])
+        assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channel.close()
     assert endpoint.count(Node) == 0
 
 
@@ -421,10 +459,7 @@ def test_a_reconfiguration_reaches_every_node_of_the_job(endpoint: Endpoint) -> 
         command = stream.commands.get(timeout=10)
         assert command.WhichOneof("command") == "reconfigure"
         assert (command.reconfigure.job_id, command.reconfigure.config_version) == (job_id, 3)
-        assert json.loads(command.reconfigure.config_json) == {
-            "full_fraction": 0.5,
-            "partial_depth": 0.5,
-        }
+        assert command.reconfigure.spb == pb.SPBConfig(full_fraction=0.5, partial_depth=0.5)
         assert stream.commands.empty()
     finally:
         stream.close()
@@ -464,9 +499,10 @@ def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
         assert (report.job_id, report.outcome) == (finished, RunOutcome.SUCCEEDED)
 
         # GPU 1 is still held by the running job: a launch onto it waits.
-        onto_busy = Launch(queued, {}, (Worker(0, 0, 0, "node-a", 1),), {}, 0, 50, 1)
+        spec = launch(endpoint, queued).spec
+        onto_busy = Launch(queued, spec, (Worker(0, 0, 0, "node-a", 1),), {}, 0, 50, 1)
         assert not endpoint.dispatcher.launch(onto_busy)
-        free = Launch(queued, {}, (Worker(0, 0, 0, "node-a", 2),), {}, 0, 50, 1)
+        free = Launch(queued, spec, (Worker(0, 0, 0, "node-a", 2),), {}, 0, 50, 1)
         assert endpoint.dispatcher.launch(free)
 
         # Declared dead: nothing is believed to run there any more.
@@ -476,21 +512,25 @@ def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
         stream.close()
 
 
-def _profile_report(job_id: int, **patch: object) -> pb.ModelProfileReport:
-    stage = {
-        "forward_seconds": 0.01,
-        "backward_input_seconds": 0.01,
-        "backward_weight_seconds": 0.02,
-        "activation_bytes": 1024,
-        "parameter_bytes": 256,
+def _profile_report(job_id: int, **patch: Any) -> pb.ModelProfileReport:
+    stage = pb.StageProfile(
+        forward_seconds=0.01,
+        backward_input_seconds=0.01,
+        backward_weight_seconds=0.02,
+        activation_bytes=1024,
+        parameter_bytes=256,
+    )
+    profile: dict[str, Any] = {
+        "workload": "digits-mlp",
+        "per_worker_batch": 32,
+        "stages": [stage, stage],
+        **patch,
     }
-    profile = {"workload": "digits-mlp", "per_worker_batch": 32, "stages": [stage, stage]}
-    profile.update(patch)
     return pb.ModelProfileReport(
         job_id=job_id,
         workload="digits-mlp",
         device_kind="virtual-cpu",
-        profile_json=json.dumps(profile),
+        profile=pb.ModelProfile(**profile),
     )
 
 
@@ -509,14 +549,8 @@ def test_profile_reports_are_stored_and_malformed_ones_dropped(endpoint: Endpoin
         assert (stored.workload, stored.key) == ("digits-mlp", "virtual-cpu/batch-32")
         assert len(stored.data["stages"]) == 2
     # Malformed (trial code can forge profiles): dropped, and the stream goes on.
-    text_figure = {
-        "forward_seconds": "x",
-        "backward_input_seconds": 0.01,
-        "backward_weight_seconds": 0.02,
-        "activation_bytes": 1024,
-        "parameter_bytes": 256,
-    }
-    for stages in ([{"forward_seconds": -1}], [text_figure]):
+    for figure in (-1.0, math.nan):
+        stages = [pb.StageProfile(forward_seconds=figure)]
         stream.send(pb.AgentMessage(profile=_profile_report(job_id, stages=stages)))
     stream.send(pb.AgentMessage(log=pb.LogTail(job_id=job_id, message="still here")))
     _wait(lambda: endpoint.count(JobLog) == 1)

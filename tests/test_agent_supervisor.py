@@ -16,12 +16,18 @@ import pytest
 import torch
 
 from api.server import free_port
-from jigsaw.proto.v1 import agent_pb2
+from jigsaw.jobspec import JobSpec
+from jigsaw.proto import convert
+from jigsaw.proto.v2 import agent_pb2
 from tests.runtime_helpers import TinyTrial
+from worker_agent import wire
 from worker_agent.gpus import virtual_slots
+from worker_agent.jobs import Iterations, JobEvent, Profiled
 from worker_agent.outbox import Outbox
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
-from worker_agent.supervisor import Outbound, Supervisor
+from worker_agent.runtime.protocol import IterationRecord
+from worker_agent.supervisor import Supervisor
+from worker_agent.wire import Outbound
 
 # How long a test waits for any one message; a job that hangs fails instead of blocking.
 _MESSAGE_TIMEOUT_SECONDS = 120
@@ -57,7 +63,6 @@ def _launch(
     *,
     ranks: tuple[tuple[int, int], ...] = ((0, 0), (1, 1)),
     spec: dict[str, Any] | None = None,
-    spec_json: str | None = None,
     **fields: Any,
 ) -> agent_pb2.LaunchCommand:
     """A launch of `ranks` (rank, gpu index) of a digits-mlp job, as the scheduler sends it."""
@@ -65,25 +70,37 @@ def _launch(
         "name": f"job-{job_id}",
         "workload": "digits-mlp",
         "hyperparameters": {"batch_size": 64},
-        "workers": len(ranks),
+        "workers": max(len(ranks), 1),
         "max_iterations": 6,
         **(spec or {}),
     }
     command: dict[str, Any] = {
         "job_id": job_id,
-        "spec_json": spec_json if spec_json is not None else json.dumps(spec),
+        "spec": convert.spec_message(JobSpec.model_validate(spec)),
         "ranks": [agent_pb2.RankAssignment(rank=r, gpu_index=g) for r, g in ranks],
         "world_size": len(ranks),
         "master_addr": "127.0.0.1",
         "master_port": free_port(),
-        "spb_json": "{}",
     }
     return agent_pb2.LaunchCommand(**{**command, **fields})
 
 
+def _with_spec(command: agent_pb2.LaunchCommand, **fields: Any) -> agent_pb2.LaunchCommand:
+    """`command` with these fields of its spec changed (past the scheduler's checks)."""
+    for name, value in fields.items():
+        setattr(command.spec, name, value)
+    return command
+
+
+def _start(supervisor: Supervisor, command: agent_pb2.LaunchCommand) -> None:
+    """Hand the supervisor `command`, as the agent does."""
+    supervisor.launch(wire.job_launch(command, supervisor.node))
+
+
 def _next(supervisor: Supervisor) -> Outbound:
+    """The supervisor's next event, as the agent sends it."""
     try:
-        return supervisor.outbound.get(timeout=_MESSAGE_TIMEOUT_SECONDS)
+        return wire.outbound(supervisor.outbound.get(timeout=_MESSAGE_TIMEOUT_SECONDS))
     except queue.Empty:
         raise AssertionError("no message from the supervisor") from None
 
@@ -121,7 +138,7 @@ def _assert_gone(pids: dict[int, int]) -> None:
 
 
 def test_a_two_rank_job_reports_and_succeeds(supervisor: Supervisor, tmp_path: Path) -> None:
-    supervisor.launch(_launch(1))
+    _start(supervisor, _launch(1))
     assert supervisor.running() == {1: {0: 0, 1: 1}}
     pids = supervisor.pids(1)
     seen, end = _until_exit(supervisor, 1)
@@ -143,13 +160,13 @@ def test_a_two_rank_job_reports_and_succeeds(supervisor: Supervisor, tmp_path: P
 
 
 def test_stop_ends_the_job_and_leaves_no_process(supervisor: Supervisor) -> None:
-    supervisor.launch(_launch(2, spec={"max_iterations": _BIG}))
+    _start(supervisor, _launch(2, spec={"max_iterations": _BIG}))
     pids = supervisor.pids(2)
     _until(supervisor, _is_report)
 
     # While it trains, its launch again is ignored and its GPUs are not given away.
-    supervisor.launch(_launch(2, spec={"max_iterations": _BIG}))
-    supervisor.launch(_launch(3, ranks=((0, 1),)))
+    _start(supervisor, _launch(2, spec={"max_iterations": _BIG}))
+    _start(supervisor, _launch(3, ranks=((0, 1),)))
     refused = _until(supervisor, lambda m: isinstance(m, agent_pb2.JobExit))[-1]
     assert isinstance(refused, agent_pb2.JobExit) and refused.job_id == 3
     assert refused.outcome == agent_pb2.OUTCOME_FAILED and "busy" in refused.error_tail
@@ -167,13 +184,13 @@ def test_stop_ends_the_job_and_leaves_no_process(supervisor: Supervisor) -> None
 def test_a_job_never_has_two_runs_here_and_older_attempts_never_start(
     supervisor: Supervisor, tmp_path: Path
 ) -> None:
-    supervisor.launch(_launch(5, ranks=((0, 0),), spec={"max_iterations": _BIG}, attempt=2))
+    _start(supervisor, _launch(5, ranks=((0, 0),), spec={"max_iterations": _BIG}, attempt=2))
     pids = supervisor.pids(5)
     _until(supervisor, _is_report)
-    supervisor.launch(_launch(5, ranks=((0, 0),), attempt=2))  # the same command again
+    _start(supervisor, _launch(5, ranks=((0, 0),), attempt=2))  # the same command again
     # Another attempt while attempt 2 runs (on a free GPU, too): refused, with an exit
     # of its own attempt, which the scheduler tells from attempt 2's.
-    supervisor.launch(_launch(5, ranks=((0, 1),), attempt=3))
+    _start(supervisor, _launch(5, ranks=((0, 1),), attempt=3))
     _, refused = _until_exit(supervisor, 5)
     assert (refused.attempt, refused.outcome) == (3, agent_pb2.OUTCOME_FAILED)
     assert "attempt 2 of this job runs on this node" in refused.error_tail
@@ -185,7 +202,7 @@ def test_a_job_never_has_two_runs_here_and_older_attempts_never_start(
     _, end = _until_exit(supervisor, 5)
     assert (end.attempt, end.outcome) == (2, agent_pb2.OUTCOME_STOPPED)
     # A late launch of an attempt older than one seen here never starts.
-    supervisor.launch(_launch(5, ranks=((0, 0),), attempt=1))
+    _start(supervisor, _launch(5, ranks=((0, 0),), attempt=1))
     _, stale = _until_exit(supervisor, 5)
     assert (stale.attempt, stale.outcome) == (1, agent_pb2.OUTCOME_FAILED)
     assert "attempt 2 of this job ran on this node" in stale.error_tail
@@ -195,7 +212,7 @@ def test_a_job_never_has_two_runs_here_and_older_attempts_never_start(
 
 def test_a_crashing_user_trial_fails_with_its_traceback(supervisor: Supervisor) -> None:
     workload = f"{__name__}:CrashingTrial"
-    supervisor.launch(_launch(4, ranks=((0, 0),), spec={"workload": workload}))
+    _start(supervisor, _launch(4, ranks=((0, 0),), spec={"workload": workload}))
     _, end = _until_exit(supervisor, 4)
     assert end.outcome == agent_pb2.OUTCOME_FAILED and end.exit_code == 1
     assert "RuntimeError: the user's loss exploded" in end.error_tail
@@ -208,7 +225,7 @@ def test_suspend_checkpoints_after_a_reconfiguration(
     checkpoints = tmp_path / "checkpoints"
     # spb auto: the scheduler may reconfigure it (a job with spb off ignores it).
     spec = {"max_iterations": _BIG, "spb": "auto"}
-    supervisor.launch(_launch(5, spec=spec, checkpoint_dir=str(checkpoints)))
+    _start(supervisor, _launch(5, spec=spec, checkpoint_dir=str(checkpoints)))
     _until(supervisor, _is_report)
     supervisor.reconfigure(5, 1, {"full_fraction": 0.5, "partial_depth": 0.5})
     supervisor.reconfigure(5, 1, {"stale": True})  # not newer: ignored
@@ -229,8 +246,8 @@ def test_suspend_checkpoints_after_a_reconfiguration(
 @pytest.mark.parametrize(
     ("command", "message"),
     [
-        (_launch(6, spec_json="{not json"), "invalid spec_json"),
-        (_launch(6, spec={"workload": "no-such-workload"}), "unknown workload"),
+        (_with_spec(_launch(6), backprop=agent_pb2.BACKPROP_UNSPECIFIED), "invalid spec"),
+        (_with_spec(_launch(6), workload="no-such-workload"), "unknown workload"),
         (_launch(6, ranks=((0, 7),)), "GPU index [7] not on this node"),
         (_launch(6, ranks=((0, 0), (1, 0))), "a rank or GPU is repeated"),
         (_launch(6, ranks=()), "assigns no ranks"),
@@ -240,7 +257,7 @@ def test_suspend_checkpoints_after_a_reconfiguration(
 def test_a_malformed_launch_fails_clearly_and_starts_nothing(
     supervisor: Supervisor, tmp_path: Path, command: agent_pb2.LaunchCommand, message: str
 ) -> None:
-    supervisor.launch(command)
+    _start(supervisor, command)
     end = _next(supervisor)
     assert isinstance(end, agent_pb2.JobExit) and end.job_id == 6
     assert end.outcome == agent_pb2.OUTCOME_FAILED and message in end.error_tail
@@ -270,7 +287,7 @@ def test_a_launch_takes_the_warm_worker_and_the_pool_refills(
     warm_supervisor: Supervisor, tmp_path: Path
 ) -> None:
     idle = _idle_pid(warm_supervisor)
-    warm_supervisor.launch(_launch(7, ranks=((0, 1),)))
+    _start(warm_supervisor, _launch(7, ranks=((0, 1),)))
     assert warm_supervisor.pids(7) == {0: idle}
     assert warm_supervisor.running() == {7: {0: 1}}
     seen, end = _until_exit(warm_supervisor, 7)
@@ -290,7 +307,7 @@ def test_a_launch_takes_the_warm_worker_and_the_pool_refills(
 
 def test_ranks_beyond_the_pool_start_cold_and_stop_together(warm_supervisor: Supervisor) -> None:
     idle = _idle_pid(warm_supervisor)
-    warm_supervisor.launch(_launch(8, spec={"max_iterations": _BIG}))
+    _start(warm_supervisor, _launch(8, spec={"max_iterations": _BIG}))
     pids = warm_supervisor.pids(8)
     assert pids[0] == idle and pids[1] != idle
     _until(warm_supervisor, _is_report)
@@ -312,6 +329,29 @@ def test_a_warm_worker_dying_idle_is_replaced_without_a_job_exit(
     assert warm_supervisor.outbound.empty()
     warm_supervisor.close()
     _assert_gone({0: replacement})
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        Profiled(1, "digits-mlp", "virtual-cpu", {"workload": "digits-mlp"}),
+        Profiled(1, "digits-mlp", "virtual-cpu", {"workload": "digits-mlp", "stages": 3}),
+        Profiled(
+            1,
+            "digits-mlp",
+            "virtual-cpu",
+            {"workload": "digits-mlp", "per_worker_batch": 1, "stages": [{"forward": 1}]},
+        ),
+        Iterations(1, (IterationRecord("1", 0.1, 0.1, 0, 1, 1, None, 0, 0),)),  # type: ignore[arg-type]
+    ],
+)
+def test_what_trial_code_forged_makes_no_message_and_an_error_the_agent_drops(
+    event: JobEvent,
+) -> None:
+    """Rank 0 runs trial code, which may send anything as its reports: the agent's pump
+    drops what raises ValueError or TypeError and goes on; anything else would end it."""
+    with pytest.raises((ValueError, TypeError)):
+        wire.outbound(event)
 
 
 def test_the_outbox_sends_a_runs_first_records_at_once() -> None:

@@ -13,8 +13,8 @@ import grpc
 import pytest
 from sqlalchemy import Engine, select
 
-from jigsaw.proto.v1 import agent_pb2 as pb
-from jigsaw.proto.v1 import agent_pb2_grpc
+from jigsaw.proto.v2 import agent_pb2 as pb
+from jigsaw.proto.v2 import agent_pb2_grpc
 from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.server import start_server

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from tests.ooo_gang import run_on_gang
-from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
+from worker_agent.runtime.schedules.pipeline import PIPELINE_SCHEDULES, BusyTime, PipelineTrainer
 from worker_agent.runtime.workloads.common import next_token_loss
 from worker_agent.runtime.workloads.nets import TransformerLM, TransformerPart
 

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from tests.ooo_models import CASES
-from worker_agent.runtime.ooo.schedules import (
-    BackpropSchedule,
-    DeferredWeightBackprop,
-    StandardBackprop,
-)
+from worker_agent.runtime.ooo.schedules import DeferredWeightBackprop
 from worker_agent.runtime.ooo.split import GraphCut
+from worker_agent.runtime.schedules.base import BackpropSchedule
+from worker_agent.runtime.schedules.standard import StandardBackprop
 
 STEPS = 3
 

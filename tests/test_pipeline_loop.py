@@ -18,8 +18,8 @@ from jigsaw.jobspec import BUILTIN_PIPELINE_STAGES, BUILTIN_WORKLOADS, Hyperpara
 from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.control import LocalController
-from worker_agent.runtime.ooo.pipeline import PIPELINE_SCHEDULES
 from worker_agent.runtime.protocol import Outcome
+from worker_agent.runtime.schedules.pipeline import PIPELINE_SCHEDULES
 from worker_agent.runtime.trial import TrialContext
 from worker_agent.runtime.workloads import BUILTIN_TRIALS
 

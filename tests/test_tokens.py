@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine, event, select
 
 from api.app import create_app
-from jigsaw.proto.v1 import agent_pb2 as pb
+from jigsaw.proto.v2 import agent_pb2 as pb
 from scheduler.db import session_factory, transaction
 from scheduler.models.users import (
     AGENT_SCOPE,

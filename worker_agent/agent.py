@@ -1,13 +1,13 @@
 """The node agent's gRPC client: register with the scheduler, then hold a Connect stream.
 
-The agent dials the scheduler (`jigsaw.v1.AgentService`). On the stream it sends a Hello
+The agent dials the scheduler (`jigsaw.v2.AgentService`). On the stream it sends a Hello
 with what still runs here (each run with its attempt), heartbeats, batched iteration
 reports, evaluations, log lines and job exits, and it hands the scheduler's commands to
-the `Supervisor`. When the scheduler is unreachable or restarting, jobs keep running and
-the agent redials with randomized exponential backoff; a refused token is fatal. Every
-call carries the process's instance key, drawn once at start: while another agent
-process holds this node's name the scheduler answers ALREADY_EXISTS, and the agent
-keeps retrying until that one is gone.
+the `Supervisor` (`wire` converts both ways). When the scheduler is unreachable or
+restarting, jobs keep running and the agent redials with randomized exponential backoff;
+a refused token is fatal. Every call carries the process's instance key, drawn once at
+start: while another agent process holds this node's name the scheduler answers
+ALREADY_EXISTS, and the agent keeps retrying until that one is gone.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ import grpc
 
 from jigsaw import __version__
 from jigsaw.gpus import GpuSlot
-from jigsaw.proto.v1 import agent_pb2, agent_pb2_grpc
+from jigsaw.proto.v2 import agent_pb2, agent_pb2_grpc
+from worker_agent import wire
 from worker_agent.diagnosis import log_diagnosis
-from worker_agent.gpus import discover, probe_cuda, slot_proto
+from worker_agent.gpus import discover, probe_cuda
 from worker_agent.isolation import make_non_dumpable, token_file_warning
 from worker_agent.outbox import Outbox
 from worker_agent.settings import AgentSettings
 from worker_agent.spool import SPOOL_FILE, ReportSpool
-from worker_agent.supervisor import Supervisor, json_object
+from worker_agent.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +161,14 @@ def _serve(
                 raise AgentRejected(f"{code.name}: {details}") from exc
             if code is grpc.StatusCode.ALREADY_EXISTS:
                 logger.warning("another agent process serves this node: %s", details)
+            elif code is grpc.StatusCode.UNIMPLEMENTED:
+                logger.error(
+                    "the scheduler at %s does not speak jigsaw.v2, the protocol of this agent "
+                    "(version %s): it is older; upgrade it (%s)",
+                    settings.scheduler,
+                    AGENT_VERSION,
+                    details,
+                )
             else:
                 logger.warning(
                     "scheduler at %s unreachable or the stream broke (%s: %s); jobs keep running",
@@ -194,7 +203,7 @@ def _session(
     registered = stub.Register(
         agent_pb2.RegisterRequest(
             node_name=identity.node_name,
-            gpus=[slot_proto(slot) for slot in slots],
+            gpus=[wire.gpu(slot) for slot in slots],
             agent_version=AGENT_VERSION,
             address=settings.address,
             instance=identity.instance,
@@ -234,19 +243,9 @@ def _requests(
     heartbeat: float,
     ended: threading.Event,
 ) -> Iterator[agent_pb2.AgentMessage]:
-    running = [
-        agent_pb2.RunningJob(
-            job_id=job_id,
-            attempt=attempt,
-            ranks=[
-                agent_pb2.RankAssignment(rank=rank, gpu_index=gpu) for rank, gpu in ranks.items()
-            ],
-        )
-        for job_id, (attempt, ranks) in supervisor.runs().items()
-    ]
     hello = agent_pb2.Hello(
         node_name=identity.node_name,
-        running=running,
+        running=wire.running_jobs(supervisor.runs()),
         exits=outbox.take_exits(),
         instance=identity.instance,
     )
@@ -271,9 +270,9 @@ def _cancel_on_stop(call: grpc.Future, stop: threading.Event, ended: threading.E
 def _dispatch(message: agent_pb2.SchedulerMessage, supervisor: Supervisor) -> None:
     kind = message.WhichOneof("command")
     if kind == "launch":
-        supervisor.launch(message.launch)
+        supervisor.launch(wire.job_launch(message.launch, supervisor.node))
     elif kind == "resume":
-        supervisor.launch(message.resume)
+        supervisor.launch(wire.job_launch(message.resume, supervisor.node))
     elif kind == "stop":
         supervisor.stop(message.stop.job_id, message.stop.reason)
     elif kind == "suspend":
@@ -281,8 +280,8 @@ def _dispatch(message: agent_pb2.SchedulerMessage, supervisor: Supervisor) -> No
     elif kind == "reconfigure":
         command = message.reconfigure
         try:
-            config = json_object(command.config_json, "config_json")
-        except ValueError as exc:
+            config = wire.reconfiguration(command)
+        except wire.InvalidCommand as exc:
             logger.error(
                 "job %d: reconfiguration ignored: %s",
                 command.job_id,
@@ -298,10 +297,21 @@ def _dispatch(message: agent_pb2.SchedulerMessage, supervisor: Supervisor) -> No
 def _pump(supervisor: Supervisor, outbox: Outbox, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
-            item = supervisor.outbound.get(timeout=0.5)
+            event = supervisor.outbound.get(timeout=0.5)
         except queue.Empty:
             continue
-        outbox.put(item)
+        try:
+            message = wire.outbound(event)
+        except (TypeError, ValueError) as exc:
+            # Trial code wrote what rank 0 reported: a forged report is its job's loss only.
+            logger.warning(
+                "job %d: dropped a report that is not one: %s",
+                event.job_id,
+                exc,
+                extra={"job_id": event.job_id},
+            )
+            continue
+        outbox.put(message)
 
 
 def _channel(settings: AgentSettings) -> grpc.Channel:

@@ -9,18 +9,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from jigsaw.gpus import GpuSlot
-from jigsaw.proto.v1 import agent_pb2
 
 VIRTUAL_KIND = "virtual-cpu"
 # `auto` without CUDA: one slot per core (one torch thread each by default), but no more
 # than this, so a large CPU-only box does not advertise dozens of very slow "GPUs".
 MAX_AUTO_VIRTUAL_SLOTS = 4
-
-
-def slot_proto(slot: GpuSlot) -> agent_pb2.Gpu:
-    return agent_pb2.Gpu(
-        index=slot.index, kind=slot.kind, memory_bytes=slot.memory_bytes, virtual=slot.virtual
-    )
 
 
 @dataclass(frozen=True)

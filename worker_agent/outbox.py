@@ -25,9 +25,9 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TypeVar
 
-from jigsaw.proto.v1 import agent_pb2
+from jigsaw.proto.v2 import agent_pb2
 from worker_agent.spool import ReportSpool
-from worker_agent.supervisor import Outbound
+from worker_agent.wire import Outbound
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from jigsaw.proto.v1 import agent_pb2
+from jigsaw.proto.v2 import agent_pb2
 
 logger = logging.getLogger(__name__)
 

@@ -1,83 +1,60 @@
-"""Runs and supervises the training processes of this node's jobs. Knows nothing of gRPC.
+"""Runs and supervises the training processes of this node's jobs.
 
-One worker process per rank (`python -m worker_agent.runtime.worker`), each in its own
-process group. The supervisor holds the `multiprocessing.connection` Listener the workers
-dial (`runtime/protocol.py`): it tells rank 0 what the scheduler last said about the job
-(at its first check, then at every change), and turns reports, evaluations, output lines
-and process exits into messages on `outbound`, ready for the scheduler:
+One worker process per rank (`pool`), each writing its output to the rank's log, which
+is also forwarded line by line. The supervisor tells rank 0 what the scheduler last said
+about the job (at its first check, then at every change: `channel`), and turns reports,
+evaluations, output lines and process exits into events on `outbound`
+(`jobs.JobEvent`: one `JobEnded` per job, last), which `wire` makes messages for the
+scheduler. It knows neither gRPC nor the protocol's messages.
 
-    agent_pb2.JobIterations | Evaluation | LogTail | JobExit (one per job, last)
-
-Warm pool: with `warm_workers` > 0 the supervisor keeps that many worker processes
-started with `--pool`, which import torch and the runtime and then wait idle on their
-connection. A launch hands each rank to an idle one (sending it the rank's
-configuration) while there are any, and starts the others cold; a background thread then
-tops the pool up again. An assigned pooled process is a rank like any other: same log
-file, process group, stop and exit handling. What it printed while idle (import
-warnings) stays in its pipe and lands in its rank's log. One that dies while idle is
-replaced; one that dies before it ever got idle counts as a failure, and failures in a
-row slow the replacements down (a broken installation must not fork in a loop).
+A job never has two runs here, and a launch older than an attempt seen here never
+starts: the attempt is the run's fence (the scheduler's placement number), also written
+into each worker's configuration so that a stale worker writes no checkpoint.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import queue
 import re
-import secrets
 import signal
 import subprocess
-import sys
 import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Client, Connection, Listener
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from jigsaw.gpus import GpuSlot
-from jigsaw.jobspec import JobSpec, SPBConfig
-from jigsaw.proto.v1 import agent_pb2
-from worker_agent.isolation import (
-    IsolationError,
-    WorkerIdentity,
-    check_runtime_runs,
-    give_to,
-    resolve_worker_identity,
-    unreachable,
-    worker_environment,
+from worker_agent.channel import RankLink, WorkerChannel
+from worker_agent.isolation import WorkerIdentity, give_to, unreachable
+from worker_agent.jobs import (
+    Evaluated,
+    Iterations,
+    JobEnded,
+    JobEvent,
+    JobLaunch,
+    LogLine,
+    NodeResources,
+    Profiled,
+)
+from worker_agent.pool import (
+    JOB_DIR_MODE_SHARED,
+    PRIVATE_DIR_MODE,
+    ProcessPool,
+    prepare_worker_user,
+    reap,
+    signal_group,
+    unreachable_message,
+    wait_unreaped,
 )
 from worker_agent.runtime.config import WorkerConfig
-from worker_agent.runtime.lifeline import AGENT_PID_ENV
-from worker_agent.runtime.protocol import (
-    EXIT_CODES,
-    Action,
-    Decision,
-    Outcome,
-    assign_message,
-)
+from worker_agent.runtime.protocol import EXIT_CODES, Action, Decision, IterationRecord, Outcome
 
 logger = logging.getLogger(__name__)
 
-Outbound = (
-    agent_pb2.JobIterations
-    | agent_pb2.Evaluation
-    | agent_pb2.LogTail
-    | agent_pb2.JobExit
-    | agent_pb2.ModelProfileReport
-)
-
-_AUTHKEY_ENV = "JIGSAW_WORKER_AUTHKEY"
-# Logs and configurations in a job directory are the agent's; a worker of another user
-# may only reach its own configuration by name (search, no listing, no writing).
-_JOB_DIR_MODE_SHARED = 0o711
-_PRIVATE_DIR_MODE = 0o700
 _PRIVATE_FILE_MODE = 0o600
 _ERROR_TAIL_CHARS = 4000
 _MAX_LOG_LINE_CHARS = 8192
@@ -88,50 +65,26 @@ _CONNECT_GRACE_SECONDS = 1.0
 _DISCONNECT_GRACE_SECONDS = 10.0
 
 _OUTCOME_OF_CODE = {code: outcome for outcome, code in EXIT_CODES.items()}
-_PROTO_OUTCOME = {
-    Outcome.SUCCEEDED: agent_pb2.OUTCOME_SUCCEEDED,
-    Outcome.FAILED: agent_pb2.OUTCOME_FAILED,
-    Outcome.SUSPENDED: agent_pb2.OUTCOME_SUSPENDED,
-    Outcome.STOPPED: agent_pb2.OUTCOME_STOPPED,
-}
-
-_POOL_BACKOFF_MAX_SECONDS = 60.0
-_IDLE_OUTPUT_TAIL_BYTES = 4000
-
-_CAN_WAIT_UNREAPED = hasattr(os, "waitid")
 
 
 class LaunchError(ValueError):
-    """A launch command this node cannot carry out; the job's exit says why."""
+    """A launch this node cannot carry out; the job's exit says why."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Rank:
     rank: int
     process: subprocess.Popen[bytes]
     log_path: Path
     gpu_index: int
+    link: RankLink
     reaped: bool = False  # from then on its pid (and process group id) may be reused
     returncode: int | None = None  # set once reaped and its output and messages are in
-    exit_message: dict[str, Any] | None = None
-    connected: threading.Event = field(default_factory=threading.Event)
-    disconnected: threading.Event = field(default_factory=threading.Event)
-    # Rank 0's connection once it asked for its first decision: every change follows.
-    watcher: Connection | None = None
-    # Orders the decisions sent on `watcher` as the job's state changed.
-    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    exit_iteration: int | None = None  # from its exit message
+    exit_error: str | None = None
 
 
-@dataclass
-class _Pooled:
-    """A warm worker: idle until `assigned` names the job and rank it became."""
-
-    process: subprocess.Popen[bytes]
-    connection: Connection | None = None  # set once it said idle: it can take a rank
-    assigned: tuple[_Job, _Rank] | None = None
-
-
-@dataclass
+@dataclass(eq=False)
 class _Job:
     job_id: int
     attempt: int  # the launch's fence: its exit carries it back
@@ -160,37 +113,30 @@ class Supervisor:
         """`worker_user`: whom workers run as when this process is root (None: as this
         process); `worker_env`: variables they get beyond the allow-list. Raises
         IsolationError when that user could not run a worker here."""
-        self.outbound: queue.Queue[Outbound] = queue.Queue()
-        self._slots = {slot.index: slot for slot in slots}
+        self.outbound: queue.Queue[JobEvent] = queue.Queue()
+        self.node = NodeResources(
+            {slot.index: slot for slot in slots}, work_dir / "data", torch_threads
+        )
         self._work_dir = work_dir
-        self._worker_env = tuple(worker_env)
-        self._identity = _prepare_worker_user(worker_user, work_dir, self._worker_env)
-        self._torch_threads = torch_threads
+        self._identity = prepare_worker_user(worker_user, work_dir, worker_env)
         self._stop_grace_seconds = stop_grace_seconds
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._jobs: dict[int, _Job] = {}
         # The newest attempt of each job launched here: an older launch never starts.
         self._attempts: dict[int, int] = {}
-        self._authkey = secrets.token_hex(32)
-        # Loopback only, and every connection must prove it knows the authkey (HMAC).
-        self._listener = Listener(("127.0.0.1", 0), authkey=self._authkey.encode())
         self._closing = False
-        # Workers ask for PR_SET_PDEATHSIG (`lifeline`), which fires when the *thread*
-        # that forked them ends: every worker is forked by this one thread, which lives
-        # as long as the supervisor.
-        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-spawner")
-        self._acceptor = threading.Thread(target=self._accept, name="jigsaw-accept", daemon=True)
-        self._acceptor.start()
-        self._warm_workers = warm_workers
-        self._pool: list[_Pooled] = []  # unassigned pooled processes, starting or idle
-        self._pool_closing = threading.Event()
-        self._pool_failures = 0  # pooled processes in a row that died before idle
-        self._refiller = threading.Thread(
-            target=self._keep_pool, name="jigsaw-warm-pool", daemon=True
+        self._channel = WorkerChannel()
+        self._pool = ProcessPool(
+            work_dir,
+            self._identity,
+            control_address=self._channel.address,
+            authkey=self._channel.authkey,
+            torch_threads=torch_threads,
+            worker_env=worker_env,
+            warm=warm_workers,
         )
-        if warm_workers:
-            self._refiller.start()
+        self._channel.serve(self, self._pool)
 
     @property
     def worker_identity(self) -> WorkerIdentity | None:
@@ -199,12 +145,11 @@ class Supervisor:
 
     @property
     def control_address(self) -> str:
-        host, port = self._listener.address
-        return f"{host}:{port}"
+        return self._channel.address
 
     # ------------------------------------------------------------------ commands
 
-    def launch(self, command: agent_pb2.LaunchCommand) -> None:
+    def launch(self, launch: JobLaunch) -> None:
         """Start this node's ranks of a job (a resume is a launch with start_iteration > 0).
 
         A job never has two runs here: the launch of the attempt already running is
@@ -214,7 +159,7 @@ class Supervisor:
         cannot be carried out, ends that attempt at once with a FAILED exit that says why.
         """
         with self._lock:
-            job_id, attempt = command.job_id, command.attempt
+            job_id, attempt = launch.job_id, launch.attempt
             running = self._jobs.get(job_id)
             if running is not None and running.attempt == attempt:
                 logger.warning(
@@ -236,8 +181,10 @@ class Supervisor:
                 return
             self._attempts[job_id] = attempt
             try:
-                configs = self._worker_configs(command)
-                self._prepare_checkpoint_dir(configs[0].checkpoint_dir)
+                if launch.problem is not None:
+                    raise LaunchError(launch.problem)
+                self._check_free(launch.gpus)
+                self._prepare_checkpoint_dir(launch.configs[0].checkpoint_dir)
             except LaunchError as exc:
                 self._fail_before_start(job_id, str(exc), attempt)
                 return
@@ -246,12 +193,12 @@ class Supervisor:
             job = _Job(
                 job_id,
                 attempt,
-                command.start_iteration,
-                command.config_version,
-                dict(configs[0].spb),
+                launch.start_iteration,
+                launch.config_version,
+                dict(launch.configs[0].spb),
             )
             self._jobs[job.job_id] = job
-            self._spawn(job, configs, {a.rank: a.gpu_index for a in command.ranks})
+            self._spawn(job, launch.configs, launch.gpus)
 
     def stop(self, job_id: int, reason: str = "") -> None:
         """End the job's processes: SIGTERM now, SIGKILL after the grace period."""
@@ -336,8 +283,7 @@ class Supervisor:
 
     def idle_pids(self) -> list[int]:
         """Process ids of the pooled workers ready to take a rank (for tests)."""
-        with self._lock:
-            return [p.process.pid for p in self._pool if p.connection is not None]
+        return self._pool.idle_pids()
 
     def close(self) -> None:
         """Stop every job and the warm pool, wait for their processes, and stop listening.
@@ -346,90 +292,37 @@ class Supervisor:
         """
         if self._closing:
             return
-        self._close_pool()
+        self._pool.close()
         for job_id in self.running():
             self.stop(job_id, "the agent is shutting down")
         with self._changed:
             if not self._changed.wait_for(
-                lambda: not self._jobs and not self._pool, timeout=self._stop_grace_seconds + 30
+                lambda: not self._jobs, timeout=self._stop_grace_seconds + 30
             ):
-                logger.error(
-                    "processes of jobs %s or %d warm workers did not end",
-                    sorted(self._jobs),
-                    len(self._pool),
-                )
+                logger.error("processes of jobs %s did not end", sorted(self._jobs))
+        self._pool.join(timeout=30)
         self._closing = True
-        # Wake the accepting thread out of accept() with a connection of our own.
-        Client(self._listener.address, authkey=self._authkey.encode()).close()
-        self._acceptor.join(timeout=10)
-        self._listener.close()
-        self._spawner.shutdown()
+        self._channel.close()
+
+    # ------------------------------------------------------------------ the channel's
+
+    def link(self, job_id: int, rank: int, pid: int) -> RankLink | None:
+        """The link of a worker saying hello, if it is one of ours (`channel.Ranks`)."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            found = job.ranks.get(rank) if job is not None else None
+            return found.link if found is not None and found.process.pid == pid else None
 
     # ------------------------------------------------------------------ launching
 
-    def _worker_configs(self, command: agent_pb2.LaunchCommand) -> list[WorkerConfig]:
-        """Every rank's configuration, or a LaunchError before anything starts."""
-        if not command.ranks:
-            raise LaunchError("the launch assigns no ranks to this node")
-        if not command.master_addr:
-            raise LaunchError("the launch has no master_addr")
-        try:
-            spec = JobSpec.model_validate_json(command.spec_json)
-        except ValidationError as exc:
-            raise LaunchError(f"invalid spec_json: {exc}") from exc
-        indices = [assignment.gpu_index for assignment in command.ranks]
-        ranks = [assignment.rank for assignment in command.ranks]
-        unknown = sorted(set(indices) - set(self._slots))
-        if unknown:
-            raise LaunchError(
-                f"GPU index {unknown} not on this node, which has {sorted(self._slots)}"
-            )
-        if len(set(indices)) < len(indices) or len(set(ranks)) < len(ranks):
-            raise LaunchError(f"ranks {ranks} on GPUs {indices}: a rank or GPU is repeated")
+    def _check_free(self, gpus: dict[int, int]) -> None:
+        """A LaunchError when another job's ranks hold any of `gpus` (lock held)."""
         busy = {
             rank.gpu_index: job.job_id for job in self._jobs.values() for rank in job.ranks.values()
         }
-        taken = {index: busy[index] for index in indices if index in busy}
+        taken = {index: busy[index] for index in gpus.values() if index in busy}
         if taken:
             raise LaunchError(f"GPUs busy with other jobs (GPU index: job id): {taken}")
-        try:
-            spb_launch = json_object(command.spb_json or "{}", "spb_json")
-        except ValueError as exc:
-            raise LaunchError(str(exc)) from exc
-        spb_stages = spec.spb.stages if isinstance(spec.spb, SPBConfig) else None
-        try:
-            return [
-                WorkerConfig(
-                    job_id=command.job_id,
-                    attempt=command.attempt,
-                    workload=spec.workload,
-                    hyperparameters=spec.hyperparameters,
-                    rank=assignment.rank,
-                    world_size=command.world_size,
-                    master_addr=command.master_addr,
-                    master_port=command.master_port,
-                    device=self._slots[assignment.gpu_index].device,
-                    # The spec has no seed; the job id is the same on every rank and resume.
-                    seed=command.job_id,
-                    max_iterations=spec.max_iterations,
-                    target_metric=spec.target_metric,
-                    backprop=spec.backprop,
-                    ooo_first_k=spec.ooo_first_k,
-                    pipeline=spec.pipeline,
-                    checkpoint_dir=Path(command.checkpoint_dir) if command.checkpoint_dir else None,
-                    checkpoint_every=command.checkpoint_every or None,
-                    data_dir=self._work_dir / "data",
-                    torch_threads=self._torch_threads,
-                    spb_enabled=spec.spb != "off",
-                    # A fresh SPB job measures its model for the scheduler's pricing.
-                    profile=spec.spb != "off" and command.start_iteration == 0,
-                    spb=spb_launch,
-                    spb_stages=spb_stages,
-                )
-                for assignment in command.ranks
-            ]
-        except ValidationError as exc:
-            raise LaunchError(f"invalid launch: {exc}") from exc
 
     def _prepare_checkpoint_dir(self, directory: Path | None) -> None:
         """A worker of another user writes the job's checkpoints: the directory is its."""
@@ -437,7 +330,7 @@ class Supervisor:
             return
         blocked = unreachable(directory, self._identity)
         if blocked is not None:
-            raise LaunchError(_unreachable_message(self._identity, directory, blocked))
+            raise LaunchError(unreachable_message(self._identity, directory, blocked))
         try:
             give_to(directory, self._identity)
         except OSError as exc:
@@ -446,40 +339,35 @@ class Supervisor:
                 f"{self._identity.name}: {exc}"
             ) from exc
 
-    def _spawn(self, job: _Job, configs: list[WorkerConfig], gpu_of_rank: dict[int, int]) -> None:
+    def _spawn(
+        self, job: _Job, configs: Sequence[WorkerConfig], gpu_of_rank: dict[int, int]
+    ) -> None:
+        """Start the job's ranks (lock held)."""
         directory = self._work_dir / f"job-{job.job_id}"
         try:
-            directory.mkdir(parents=True, exist_ok=True, mode=_PRIVATE_DIR_MODE)
+            directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
             if self._identity is not None:
-                os.chmod(directory, _JOB_DIR_MODE_SHARED)
+                os.chmod(directory, JOB_DIR_MODE_SHARED)
             warm = []
             for config in configs:
                 config_path = directory / f"rank-{config.rank}.json"
                 # Written for warm ranks too: what each rank ran with, for diagnostics.
                 self._write_config(config_path, config)
                 log_path = directory / f"rank-{config.rank}.log"
-                pooled = self._assign_idle(config)
-                process = (
-                    pooled.process
-                    if pooled is not None
-                    else self._spawner.submit(self._popen, config_path).result()
+                # Its watcher, running since it was spawned, ends a warm rank.
+                pooled = self._pool.take_idle(config, partial(self._ended, job, config.rank))
+                process = pooled if pooled is not None else self._pool.spawn(config_path)
+                gpu_index = gpu_of_rank[config.rank]
+                events = _RankEvents(
+                    job, config.rank, self._lock, self.outbound, self.node.slots[gpu_index].kind
                 )
-                rank = _Rank(config.rank, process, log_path, gpu_of_rank[config.rank])
+                rank = _Rank(config.rank, process, log_path, gpu_index, RankLink(events))
                 job.ranks[config.rank] = rank
-                targets: list[Any] = [self._forward_output]
-                if pooled is not None:
-                    # Its watcher, running since it was spawned, now ends the rank.
-                    pooled.assigned = (job, rank)
-                    warm.append(config.rank)
+                self._thread(job, rank, self._forward_output)
+                if pooled is None:
+                    self._thread(job, rank, self._watch)
                 else:
-                    targets.append(self._watch)
-                for target in targets:
-                    threading.Thread(
-                        target=target,
-                        args=(job, rank),
-                        name=f"jigsaw-job-{job.job_id}-rank-{rank.rank}-{target.__name__}",
-                        daemon=True,
-                    ).start()
+                    warm.append(config.rank)
             logger.info(
                 "job %d: started ranks %s from iteration %d (warm: %s)",
                 job.job_id,
@@ -496,6 +384,14 @@ class Supervisor:
                 return
             _signal_ranks(job, signal.SIGKILL)
 
+    def _thread(self, job: _Job, rank: _Rank, target: Callable[[_Job, _Rank], None]) -> None:
+        threading.Thread(
+            target=target,
+            args=(job, rank),
+            name=f"jigsaw-job-{job.job_id}-rank-{rank.rank}-{target.__name__}",
+            daemon=True,
+        ).start()
+
     def _write_config(self, path: Path, config: WorkerConfig) -> None:
         """The rank's configuration, readable by its worker only (and by the agent)."""
         fd = os.open(
@@ -506,48 +402,6 @@ class Supervisor:
                 os.fchown(fd, self._identity.uid, self._identity.gid)
             handle.write(config.model_dump_json(indent=2))
 
-    def _popen(self, config_path: Path | None) -> subprocess.Popen[bytes]:
-        """A worker for `config_path`, or a pooled one (`--pool`) when None."""
-        # The working directory stays the agent's, so that a user trial `module:Class`
-        # imports in the worker exactly as it would in the agent.
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "worker_agent.runtime.worker",
-                *(["--config", str(config_path)] if config_path is not None else ["--pool"]),
-                "--control",
-                self.control_address,
-                "--authkey-env",
-                _AUTHKEY_ENV,
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=self._worker_env_for(),
-            **_as_user(self._identity),
-            # Its own process group: a stop signals the worker and whatever it started.
-            # No preexec_fn: forking this multi-threaded process (gRPC's threads among
-            # them) to run Python before exec can deadlock the child; the worker sets up
-            # its own death signal instead (`lifeline`).
-            start_new_session=True,
-        )
-
-    def _worker_env_for(self) -> dict[str, str]:
-        """A worker's environment: the allow-listed part of ours, and what it needs."""
-        env = _worker_env(self._identity, self._work_dir, self._worker_env)
-        threads = str(self._torch_threads)
-        env.update(
-            {
-                _AUTHKEY_ENV: self._authkey,  # the environment, never argv (ps shows argv)
-                AGENT_PID_ENV: str(os.getpid()),  # the worker dies with this process
-                "OMP_NUM_THREADS": threads,
-                "MKL_NUM_THREADS": threads,
-                "PYTHONUNBUFFERED": "1",  # output lines reach the log as they are written
-            }
-        )
-        return env
-
     def _fail_before_start(self, job_id: int, message: str, attempt: int) -> None:
         logger.error("job %d: launch refused: %s", job_id, message, extra={"job_id": job_id})
         self.outbound.put(_failed_exit(job_id, message, attempt))
@@ -556,118 +410,10 @@ class Supervisor:
         with self._lock:
             _signal_ranks(job, signal.SIGKILL)
 
-    # ------------------------------------------------------------------ the warm pool
-
-    def _assign_idle(self, config: WorkerConfig) -> _Pooled | None:
-        """An idle pooled process now running `config`, or None (caller holds the lock)."""
-        while True:
-            pooled = next((p for p in self._pool if p.connection is not None), None)
-            if pooled is None:
-                return None
-            self._pool.remove(pooled)
-            self._changed.notify_all()  # the refiller tops the pool up
-            assert pooled.connection is not None
-            # Gone but not yet noticed by its watcher: it must not take the rank.
-            if not _exited(pooled.process):
-                try:
-                    pooled.connection.send(assign_message(config.model_dump(mode="json")))
-                    return pooled
-                except OSError as exc:
-                    logger.warning("warm worker %d unreachable: %s", pooled.process.pid, exc)
-            # Back in the pool as not idle, so that its watcher reaps it as a pooled one.
-            pooled.connection = None
-            self._pool.append(pooled)
-            _signal_group(pooled.process.pid, signal.SIGKILL)
-
-    def _keep_pool(self) -> None:
-        """Keep `warm_workers` pooled processes, starting or idle, until the pool closes."""
-        while True:
-            with self._changed:
-                self._changed.wait_for(
-                    lambda: self._pool_closing.is_set() or len(self._pool) < self._warm_workers
-                )
-                failures = self._pool_failures
-            if failures and self._pool_closing.wait(
-                min(_POOL_BACKOFF_MAX_SECONDS, 2.0 ** (failures - 1))
-            ):
-                return
-            if self._pool_closing.is_set():
-                return
-            try:
-                process = self._spawner.submit(self._popen, None).result()
-            except OSError as exc:
-                logger.error("could not start a warm worker: %s", exc)
-                with self._lock:
-                    self._pool_failures += 1
-                continue
-            pooled = _Pooled(process)
-            with self._lock:
-                self._pool.append(pooled)
-                if self._pool_closing.is_set():  # close() did not see it: kill it here
-                    _signal_group(process.pid, signal.SIGKILL)
-            threading.Thread(
-                target=self._watch_pooled,
-                args=(pooled,),
-                name=f"jigsaw-warm-{process.pid}",
-                daemon=True,
-            ).start()
-
-    def _watch_pooled(self, pooled: _Pooled) -> None:
-        """Wait for a pooled process to exit: replace it while idle, else end its rank."""
-        _wait_unreaped(pooled.process)
-        with self._changed:
-            if pooled.assigned is None:
-                self._reap_unassigned(pooled)
-                self._changed.notify_all()  # the refiller and close() wait on the pool
-                return
-            job, rank = pooled.assigned
-        self._rank_ended(job, rank)
-
-    def _reap_unassigned(self, pooled: _Pooled) -> None:
-        """Reap a pooled process that died before taking a rank (caller holds the lock)."""
-        process = pooled.process
-        if _CAN_WAIT_UNREAPED:
-            _signal_group(process.pid, signal.SIGKILL)
-        returncode = process.wait()
-        self._pool.remove(pooled)
-        output = _drain(process)
-        if self._pool_closing.is_set():
-            return
-        if pooled.connection is None:
-            self._pool_failures += 1  # never got idle: maybe broken for good, slow down
-        logger.warning(
-            "warm worker %d exited with code %d while idle; replacing it. Its output:\n%s",
-            process.pid,
-            returncode,
-            output,
-        )
-
-    def _idle(self, pid: int, connection: Connection) -> _Pooled | None:
-        """Note that pooled process `pid` is ready for a rank on `connection`."""
-        with self._lock:
-            pooled = next((p for p in self._pool if p.process.pid == pid), None)
-            if pooled is not None:
-                pooled.connection = connection
-                self._pool_failures = 0
-                logger.info("warm worker %d idle, ready for a rank", pid)
-            return pooled
-
-    def _idle_connection_lost(self, pooled: _Pooled) -> None:
-        """Its connection broke while idle: useless now, so it is killed and replaced."""
-        with self._lock:
-            if pooled.assigned is None:
-                pooled.connection = None
-                _signal_group(pooled.process.pid, signal.SIGKILL)
-
-    def _close_pool(self) -> None:
-        """No more pooled processes; the idle ones are killed (their watchers reap them)."""
-        with self._changed:
-            self._pool_closing.set()
-            self._changed.notify_all()
-            for pooled in self._pool:
-                _signal_group(pooled.process.pid, signal.SIGKILL)
-        if self._refiller.is_alive():
-            self._refiller.join()
+    def _tell_rank0(self, job: _Job) -> None:
+        rank = job.ranks.get(0)
+        if rank is not None:
+            self._channel.tell(rank.link)
 
     # ------------------------------------------------------------------ per process
 
@@ -687,29 +433,27 @@ class Supervisor:
                 if text:
                     level = _LEVEL.search(text)
                     self.outbound.put(
-                        agent_pb2.LogTail(
-                            job_id=job.job_id,
-                            rank=rank.rank,
-                            level=level.group(1) if level else "INFO",
-                            message=text[:_MAX_LOG_LINE_CHARS],
+                        LogLine(
+                            job.job_id,
+                            rank.rank,
+                            level.group(1) if level else "INFO",
+                            text[:_MAX_LOG_LINE_CHARS],
                         )
                     )
 
     def _watch(self, job: _Job, rank: _Rank) -> None:
-        """Wait for the worker to exit, reap it, and end the job after its last rank."""
-        _wait_unreaped(rank.process)
-        self._rank_ended(job, rank)
+        """Wait for a cold worker to exit, then end its rank."""
+        wait_unreaped(rank.process)
+        self._ended(job, rank.rank)
 
-    def _rank_ended(self, job: _Job, rank: _Rank) -> None:
-        """Reap the exited worker of `rank` and end the job after its last rank."""
-        process = rank.process
+    def _ended(self, job: _Job, number: int) -> None:
+        """Reap the exited worker of rank `number` and end the job after its last rank."""
         with self._lock:
-            if _CAN_WAIT_UNREAPED:
-                _signal_group(process.pid, signal.SIGKILL)
-            returncode = process.wait()
+            rank = job.ranks[number]
+            returncode = reap(rank.process)
             rank.reaped = True
-        if rank.connected.wait(_CONNECT_GRACE_SECONDS):
-            rank.disconnected.wait(_DISCONNECT_GRACE_SECONDS)
+        if rank.link.connected.wait(_CONNECT_GRACE_SECONDS):
+            rank.link.disconnected.wait(_DISCONNECT_GRACE_SECONDS)
         with self._changed:
             rank.returncode = returncode
             if all(other.returncode is not None for other in job.ranks.values()):
@@ -717,252 +461,57 @@ class Supervisor:
                 self.outbound.put(_job_exit(job))
                 self._changed.notify_all()
 
-    # ------------------------------------------------------------------ the protocol
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection = self._listener.accept()
-            except Exception as exc:  # noqa: BLE001 - a bad client must not stop the agent
-                if self._closing:
-                    return
-                logger.warning("refused a worker connection: %s", exc)
-                continue
-            if self._closing:
-                connection.close()
-                return
-            threading.Thread(
-                target=self._serve, args=(connection,), name="jigsaw-worker-conn", daemon=True
-            ).start()
+@dataclass(eq=False)
+class _RankEvents:
+    """What one rank's worker tells, into its job and `outbound` (`channel.RankEvents`)."""
 
-    def _serve(self, connection: Connection) -> None:
-        with connection:
-            try:
-                hello = self._hello(connection)
-                if hello is None:
-                    return
-                with self._lock:
-                    job = self._jobs.get(hello["job_id"])
-                    rank = job.ranks.get(hello["rank"]) if job is not None else None
-                if job is None or rank is None or rank.process.pid != hello["pid"]:
-                    logger.warning("a worker that is not ours said hello: %s", hello)
-                    return
-                rank.connected.set()
-                try:
-                    while True:
-                        message = connection.recv()
-                        if message["type"] == "check":
-                            rank.watcher = connection
-                            self._tell(job, rank)
-                        else:
-                            self._handle(job, rank, message)
-                finally:
-                    rank.disconnected.set()
-            except (EOFError, ConnectionResetError):
-                return  # the worker closed its end or died: it has said everything
-            except (OSError, KeyError, TypeError) as exc:
-                logger.warning("dropped a worker connection: %r", exc)
+    job: _Job
+    rank: int
+    lock: threading.Lock  # the supervisor's
+    outbound: queue.Queue[JobEvent]
+    device_kind: str  # of the rank's GPU slot
 
-    def _hello(self, connection: Connection) -> dict[str, Any] | None:
-        """The worker's hello; a pooled worker first waits idle until it gets a rank."""
-        first: dict[str, Any] = connection.recv()
-        if first.get("type") != "idle":
-            return first
-        pooled = self._idle(first["pid"], connection)
-        if pooled is None:
-            logger.warning("a warm worker that is not ours said idle: %s", first)
-            return None
-        try:
-            hello: dict[str, Any] = connection.recv()
-        except (EOFError, ConnectionResetError, OSError):
-            self._idle_connection_lost(pooled)
-            return None
-        return hello
+    def decision(self) -> Decision:
+        with self.lock:
+            return Decision(self.job.action, self.job.config_version, self.job.config)
 
-    def _tell(self, job: _Job, rank: _Rank) -> None:
-        """Send the job's decision to the rank watching it: the answer to its first
-        check, then every change (the worker reads what arrived at each boundary
-        without asking, so a boundary costs it no round trip)."""
-        with rank.send_lock:
-            if rank.watcher is None:
-                return
-            with self._lock:
-                message = Decision(job.action, job.config_version, job.config).to_message()
-            # A worker that is gone needs no decision: its exit says how it ended.
-            with contextlib.suppress(OSError):
-                rank.watcher.send(message)
+    def reported(self, records: list[IterationRecord]) -> None:
+        with self.lock:
+            self.job.iteration = max(self.job.iteration, records[-1].iteration)
+        self.outbound.put(Iterations(self.job.job_id, tuple(records)))
 
-    def _tell_rank0(self, job: _Job) -> None:
-        rank = job.ranks.get(0)
-        if rank is not None:
-            self._tell(job, rank)
+    def evaluated(self, iteration: int, metrics: dict[str, float]) -> None:
+        if self.rank == 0:
+            with self.lock:
+                self.job.metrics = metrics
+        self.outbound.put(Evaluated(self.job.job_id, iteration, metrics))
 
-    def _handle(self, job: _Job, rank: _Rank, message: dict[str, Any]) -> None:
-        kind = message["type"]
-        if kind == "report":
-            records = [agent_pb2.IterationRecord(**record) for record in message["records"]]
-            if records:
-                with self._lock:
-                    job.iteration = max(job.iteration, records[-1].iteration)
-                self.outbound.put(agent_pb2.JobIterations(job_id=job.job_id, records=records))
-        elif kind == "evaluation":
-            metrics = {name: float(value) for name, value in message["metrics"].items()}
-            if rank.rank == 0:
-                with self._lock:
-                    job.metrics = metrics
-            self.outbound.put(
-                agent_pb2.Evaluation(
-                    job_id=job.job_id, iteration=message["iteration"], metrics=metrics
-                )
-            )
-        elif kind == "profile":
-            self.outbound.put(
-                agent_pb2.ModelProfileReport(
-                    job_id=job.job_id,
-                    workload=str(message["workload"]),
-                    device_kind=self._slots[rank.gpu_index].kind,
-                    profile_json=json.dumps(message["profile"]),
-                )
-            )
-        elif kind == "exit":
-            with self._lock:
-                rank.exit_message = message
-                job.iteration = max(job.iteration, message["iteration"])
-        else:
-            logger.warning(
-                "job %d rank %d: unknown message %r",
-                job.job_id,
-                rank.rank,
-                kind,
-                extra={"job_id": job.job_id},
-            )
+    def profiled(self, workload: str, profile: dict[str, Any]) -> None:
+        self.outbound.put(Profiled(self.job.job_id, workload, self.device_kind, profile))
+
+    def exited(self, iteration: int, error_tail: str | None) -> None:
+        with self.lock:
+            rank = self.job.ranks[self.rank]
+            rank.exit_iteration, rank.exit_error = iteration, error_tail
+            self.job.iteration = max(self.job.iteration, iteration)
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _prepare_worker_user(
-    worker_user: str | None, work_dir: Path, worker_env: Sequence[str]
-) -> WorkerIdentity | None:
-    """The identity workers run as, once it is known to be able to run them here."""
-    work_dir.mkdir(parents=True, exist_ok=True, mode=_PRIVATE_DIR_MODE)
-    if worker_user is None:
-        return None
-    try:
-        identity = resolve_worker_identity(worker_user)
-    except ValueError as exc:
-        raise IsolationError(str(exc)) from exc
-    if identity is None:
-        if os.geteuid() == 0:
-            logger.warning(
-                "training processes run as root (worker user %r): trial code can read "
-                "every file on this host, the cluster token included",
-                worker_user,
-            )
-        return identity
-    blocked = unreachable(work_dir, identity)
-    if blocked is not None:
-        raise IsolationError(_unreachable_message(identity, work_dir, blocked))
-    # Searchable, not listable: a worker reaches its own job directory by name.
-    os.chmod(work_dir, _JOB_DIR_MODE_SHARED)
-    give_to(work_dir / "data", identity)
-    # Fail now, with the reason, rather than at every launch.
-    check_runtime_runs(identity, _worker_env(identity, work_dir, worker_env))
-    logger.info("training processes run as user %s (uid %d)", identity.name, identity.uid)
-    return identity
-
-
-def _worker_env(
-    identity: WorkerIdentity | None, work_dir: Path, worker_env: Sequence[str]
-) -> dict[str, str]:
-    """The allow-listed environment; a worker of another user gets its own identity and
-    the node's data directory as its home (for the caches libraries keep there)."""
-    env = worker_environment(os.environ, worker_env)
-    if identity is not None:
-        env.update(HOME=str(work_dir / "data"), USER=identity.name, LOGNAME=identity.name)
-    return env
-
-
-def _as_user(identity: WorkerIdentity | None) -> dict[str, Any]:
-    """Popen's arguments that run the child as `identity` (set in the child before exec,
-    with no supplementary groups: root's must not carry over)."""
-    if identity is None:
-        return {}
-    return {"user": identity.uid, "group": identity.gid, "extra_groups": []}
-
-
-def _unreachable_message(identity: WorkerIdentity, path: Path, blocked: Path) -> str:
-    return (
-        f"worker user {identity.name} cannot reach {path}: it may not search {blocked} "
-        f"(mode {blocked.stat().st_mode & 0o7777:o}). Give it search permission (o+x) on "
-        "that directory, choose a directory it can reach (JIGSAW_AGENT_WORK_DIR, "
-        "JIGSAW_GRPC_CHECKPOINT_DIR), or set JIGSAW_AGENT_WORKER_USER"
-    )
-
-
-def _wait_unreaped(process: subprocess.Popen[bytes]) -> None:
-    """Wait for the process to exit, leaving it a zombie where the platform can.
-
-    While the worker is a zombie its pid still names its process group, so leftovers of
-    the group can be killed without hitting a stranger that reused the pid. (Python 3.11
-    has no waitid on macOS, a dev box only: there leftovers are not killed.)
-    """
-    if _CAN_WAIT_UNREAPED:
-        os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
-    else:
-        process.wait()
-
-
-def _exited(process: subprocess.Popen[bytes]) -> bool:
-    """Whether the process has exited, without reaping it (its watcher does that)."""
-    if not _CAN_WAIT_UNREAPED:
-        return False
-    return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
-
-
-def _drain(process: subprocess.Popen[bytes]) -> str:
-    """The end of what an exited, never assigned pooled process printed."""
-    if process.stdout is None:
-        return ""
-    with process.stdout as output:
-        os.set_blocking(output.fileno(), False)  # a leftover grandchild may hold the pipe
-        try:
-            data = output.read() or b""
-        except OSError:
-            data = b""
-    return data[-_IDLE_OUTPUT_TAIL_BYTES:].decode(errors="replace")
 
 
 def _signal_ranks(job: _Job, signum: signal.Signals) -> None:
     """Signal the process group of every rank not yet reaped (caller holds the lock)."""
     for rank in job.ranks.values():
         if not rank.reaped:
-            _signal_group(rank.process.pid, signum)
+            signal_group(rank.process.pid, signum)
 
 
-def _signal_group(pid: int, signum: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the group is already empty
-        os.killpg(pid, signum)
+def _failed_exit(job_id: int, message: str, attempt: int) -> JobEnded:
+    return JobEnded(job_id, attempt, Outcome.FAILED, error_tail=message)
 
 
-def json_object(text: str, name: str) -> dict[str, Any]:
-    """`text` parsed as a JSON object, or a ValueError naming `name`."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{name} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a JSON object, not {type(value).__name__}")
-    return value
-
-
-def _failed_exit(job_id: int, message: str, attempt: int) -> agent_pb2.JobExit:
-    return agent_pb2.JobExit(
-        job_id=job_id, outcome=agent_pb2.OUTCOME_FAILED, error_tail=message, attempt=attempt
-    )
-
-
-def _job_exit(job: _Job) -> agent_pb2.JobExit:
+def _job_exit(job: _Job) -> JobEnded:
     """One exit for all of a job's ranks on this node."""
     ranks = [job.ranks[rank] for rank in sorted(job.ranks)]
     codes = [rank.returncode if rank.returncode is not None else -1 for rank in ranks]
@@ -984,14 +533,14 @@ def _job_exit(job: _Job) -> agent_pb2.JobExit:
         error_tail = "ranks ended differently: " + ", ".join(
             f"rank {rank.rank} exit code {rank.returncode}" for rank in ranks
         )
-    iterations = [rank.exit_message["iteration"] for rank in ranks if rank.exit_message]
+    iterations = [rank.exit_iteration for rank in ranks if rank.exit_iteration is not None]
     logger.info(
         "job %d: %s (exit codes %s)", job.job_id, outcome.value, codes, extra={"job_id": job.job_id}
     )
-    return agent_pb2.JobExit(
-        job_id=job.job_id,
-        attempt=job.attempt,
-        outcome=_PROTO_OUTCOME[outcome],
+    return JobEnded(
+        job.job_id,
+        job.attempt,
+        outcome,
         exit_code=exit_code,
         iteration=max(iterations, default=job.iteration),
         error_tail=error_tail,
@@ -1001,8 +550,8 @@ def _job_exit(job: _Job) -> agent_pb2.JobExit:
 
 def _error_tail(rank: _Rank) -> str:
     """The worker's own account of its failure, else the end of its log."""
-    if rank.exit_message and rank.exit_message.get("error_tail"):
-        return str(rank.exit_message["error_tail"])[-_ERROR_TAIL_CHARS:]
+    if rank.exit_error:
+        return str(rank.exit_error)[-_ERROR_TAIL_CHARS:]
     try:
         with rank.log_path.open("rb") as log:
             log.seek(max(0, log.seek(0, os.SEEK_END) - _ERROR_TAIL_CHARS))

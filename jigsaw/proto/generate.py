@@ -1,10 +1,11 @@
-"""Regenerate the gRPC Python modules from `agent.proto`.
+"""Regenerate the gRPC Python modules from `agent.proto` (the protocol's version 2).
 
     python -m jigsaw.proto.generate
 
 Run from anywhere; it works from the repository root so the generated imports read
-`jigsaw.proto.v1.agent_pb2`. CI runs it and then `git diff --exit-code`, so
-the committed modules always match the .proto.
+`jigsaw.proto.v2.agent_pb2`. CI runs it and then `git diff --exit-code`, so
+the committed modules always match the .proto. Version 1 has no generated code: the
+scheduler only refuses its calls, by method name (`scheduler.agents.server`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from grpc_tools import protoc
 logger = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]
-PROTO = Path("jigsaw/proto/v1/agent.proto")
+PROTO = Path("jigsaw/proto/v2/agent.proto")
 
 
 def main() -> int:

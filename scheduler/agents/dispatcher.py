@@ -18,7 +18,6 @@ that explains it.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import random
@@ -32,7 +31,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from jigsaw.proto.v1 import agent_pb2 as pb
+from jigsaw.jobspec import JobSpec
+from jigsaw.proto import convert
+from jigsaw.proto.v2 import agent_pb2 as pb
+from jigsaw.spb import resolve
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome
 from scheduler.models.agents import (
@@ -310,18 +312,19 @@ class AgentDispatcher:
             for node, run in runs.items():
                 gpu_ids = [w.gpu_id for w in launch.workers if w.node_name == node]
                 bind_run(db, launch.job_id, launch.attempt, gpu_ids, instance_digest(run.instance))
+        spec = convert.spec_message(JobSpec.model_validate(launch.spec))
         messages = {}
         for node, assignments in by_node.items():
             command = pb.LaunchCommand(
                 job_id=launch.job_id,
-                spec_json=json.dumps(launch.spec),
+                spec=spec,
                 ranks=assignments,
                 world_size=len(launch.workers),
                 master_addr=master_addr,
                 master_port=port,
                 start_iteration=launch.start_iteration,
                 lease_iterations=launch.lease_iterations,
-                spb_json=json.dumps(launch.spb),
+                spb=convert.spb_message(resolve(launch.spb)),
                 config_version=0,
                 checkpoint_dir=str(self._checkpoint_root / f"job-{launch.job_id}"),
                 checkpoint_every=self._checkpoint_every,
@@ -345,7 +348,7 @@ class AgentDispatcher:
         hands the configuration to its peers at the boundary). A node not connected now
         misses it: its agent keeps the configuration it had."""
         command = pb.ReconfigureCommand(
-            job_id=job_id, config_version=config_version, config_json=json.dumps(spb)
+            job_id=job_id, config_version=config_version, spb=convert.spb_message(resolve(spb))
         )
         with self._lock:
             sessions = [(name, self._sessions.get(name)) for name in self._jobs.get(job_id, {})]

@@ -1,4 +1,9 @@
-"""The gRPC server agents dial: token authentication, optional (mutual) TLS."""
+"""The gRPC server agents dial: token authentication, optional (mutual) TLS.
+
+It serves the protocol's version 2 (`jigsaw.v2.AgentService`); the calls of version 1
+are answered FAILED_PRECONDITION with the agent version to upgrade to, so that an old
+agent's log says why it cannot join instead of "method not found".
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from typing import Any
 
 import grpc
 
-from jigsaw.proto.v1 import agent_pb2_grpc
+from jigsaw import __version__
+from jigsaw.proto.v2 import agent_pb2_grpc
 from scheduler.agents.service import AgentService
 from scheduler.models.users import AGENT_SCOPE, TokenVerifier
 from scheduler.settings import GrpcSettings
@@ -111,6 +117,23 @@ def _refusal(handler: grpc.RpcMethodHandler, problem: str) -> grpc.RpcMethodHand
     return grpc.unary_unary_rpc_method_handler(abort)
 
 
+def _refuse_v1() -> grpc.GenericRpcHandler:
+    """`jigsaw.v1.AgentService`, by method name alone (no code of version 1 is kept)."""
+    problem = f"this scheduler speaks jigsaw.v2; upgrade the agent to {__version__}"
+
+    def refuse(_request: Any, context: grpc.ServicerContext) -> Any:
+        logger.warning("refused an agent of protocol jigsaw.v1 at %s", context.peer())
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, problem)
+
+    return grpc.method_handlers_generic_handler(
+        "jigsaw.v1.AgentService",
+        {
+            "Register": grpc.unary_unary_rpc_method_handler(refuse),
+            "Connect": grpc.stream_stream_rpc_method_handler(refuse),
+        },
+    )
+
+
 def start_server(
     service: AgentService, tokens: TokenVerifier, settings: GrpcSettings
 ) -> tuple[grpc.Server, int]:
@@ -124,6 +147,7 @@ def start_server(
         maximum_concurrent_rpcs=settings.max_connections,
     )
     agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
+    server.add_generic_rpc_handlers((_refuse_v1(),))
     address = f"{settings.host}:{settings.port}"
     if settings.tls_cert is not None and settings.tls_key is not None:
         credentials = grpc.ssl_server_credentials(

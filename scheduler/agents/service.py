@@ -21,7 +21,6 @@ has no row for.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -36,8 +35,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.gpus import GpuSlot
 from jigsaw.jobspec import checked_workload
-from jigsaw.proto.v1 import agent_pb2 as pb
-from jigsaw.proto.v1 import agent_pb2_grpc
+from jigsaw.proto import convert
+from jigsaw.proto.v2 import agent_pb2 as pb
+from jigsaw.proto.v2 import agent_pb2_grpc
 from jigsaw.spb import SPBProfile
 from scheduler.agents.dispatcher import AgentDispatcher, AgentSession, Dropped, NodeTaken
 from scheduler.agents.ingest import ReportWriter
@@ -136,7 +136,7 @@ def model_profile(report: pb.ModelProfileReport) -> tuple[SPBProfile, str]:
     """The profile a report carries, and the device kind it was measured on."""
     try:
         checked_workload(report.workload)
-        profile = SPBProfile.from_json(json.loads(report.profile_json))
+        profile = convert.model_profile(report.profile)
         figures = [value for stage in profile.stages for value in vars(stage).values()]
         valid = (
             profile.workload == report.workload
@@ -147,7 +147,7 @@ def model_profile(report: pb.ModelProfileReport) -> tuple[SPBProfile, str]:
             and all("\0" not in name for name in profile.steps_ratio)
             and 0 < len(report.device_kind) <= 64
         )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except ValueError as exc:
         raise InvalidMessage(f"profile of job {report.job_id}: {exc}") from None
     if not valid:
         raise InvalidMessage(f"profile of job {report.job_id} has invalid values")

@@ -2,14 +2,13 @@
 
 Every iteration starts at a boundary where rank 0 consults its controller and all ranks
 agree on what to do (`boundary`), so that suspending, stopping or reconfiguring happens
-at the same iteration everywhere. Data parallelism is PyTorch's DDP in its standard mode,
-except for jobs that may run structured partial backprop (spec `spb` not `off`): their
-ranks train only the stages above their cut and exchange each stage's gradient among its
-contributors (`spb.partial`) instead of DDP's all-reduce of everything; `backprop: ooo`
-replaces both with an out-of-order schedule (`worker_agent.runtime.ooo`), which averages
-each layer over its stage's contributors when SPB is on. A job whose spec has `pipeline`
-trains pipeline parallel instead (`ooo.pipeline`): rank r trains stage r of the model on
-every batch.
+at the same iteration everywhere. How gradients are computed and exchanged is the
+backward schedule's (`schedules`), chosen once from the job's spec: PyTorch's DDP in its
+standard mode; for jobs that may run structured partial backprop (spec `spb` not `off`)
+each stage's gradient exchanged among its contributors (ranks train only the stages
+above their cut, `spb.partial`); with `backprop: ooo` an out-of-order schedule, which
+averages each layer over its stage's contributors when SPB is on; with `pipeline`, one
+stage of the model per rank on every batch.
 """
 
 from __future__ import annotations
@@ -23,8 +22,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from jigsaw import spb
 from jigsaw.spb import SPBProfile
@@ -33,24 +30,15 @@ from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
 from worker_agent.runtime.kfac import KFACSGD
-from worker_agent.runtime.kfac.factors import layer_contributors
-from worker_agent.runtime.ooo.gang_first_k import agree_first_k, link_bytes_per_second
-from worker_agent.runtime.ooo.pipeline import PipelineTrainer
-from worker_agent.runtime.ooo.reverse_first_k import ReverseFirstK
-from worker_agent.runtime.ooo.schedules import BackpropSchedule, StandardBackprop, out_of_order
 from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
 from worker_agent.runtime.reporting import ReportBuffer
 from worker_agent.runtime.sampling import DataPosition, ShardedBatches, to_device
+from worker_agent.runtime.schedules import registry
+from worker_agent.runtime.schedules.base import Parts
 from worker_agent.runtime.spb import stages
-from worker_agent.runtime.spb.partial import PartialBackprop, PartialBackpropSchedule
+from worker_agent.runtime.spb.partial import PartialBackprop
 from worker_agent.runtime.spb.profiler import profile_model
-from worker_agent.runtime.timing import (
-    CommMeter,
-    DeviceClock,
-    Mark,
-    peak_memory_bytes,
-    utilization_meter,
-)
+from worker_agent.runtime.timing import DeviceClock, Mark, peak_memory_bytes, utilization_meter
 from worker_agent.runtime.trial import PipelineSplit, TrialContext
 from worker_agent.runtime.workloads import load_trial
 
@@ -154,10 +142,13 @@ class _Training:
         trained = self._split.parts[config.rank] if self._split is not None else model
         (model if self._rank0 else trained).to(device)
         # K-FAC preconditions per layer, so it is built around the model, not its parameters.
-        self._optimizer = (
+        kfac = (
             KFACSGD(model, config.hyperparameters.learning_rate)
             if config.hyperparameters.optimizer == "kfac"
-            else self._trial.build_optimizer(trained.parameters())
+            else None
+        )
+        self._optimizer = (
+            kfac if kfac is not None else self._trial.build_optimizer(trained.parameters())
         )
         dataset = self._trial.train_data()
         rng.seed_rank(config.seed, config.rank)
@@ -178,7 +169,6 @@ class _Training:
         self._trained = trained  # what this rank trains and checkpoints
         self._clock = DeviceClock(device)
         self._sync = BoundarySync(config.rank, config.world_size, device, config.spb)
-        self._comm = CommMeter(self._clock, config.world_size, self._sync)
         # SPB's cut (which stages this rank trains) is independent of who exchanges the
         # gradients: SPB's own exchange, or an out-of-order schedule's.
         self._partial: PartialBackprop | None = None
@@ -191,38 +181,21 @@ class _Training:
                 config=spb.resolve(config.spb),
                 agreement=self._sync,
             )
-        # The one place the backward schedule is chosen: `_step` only drives it.
-        self._backprop: BackpropSchedule | PipelineTrainer
-        self._model: nn.Module = model
-        # Whether the schedule's gradient exchange carries boundary agreements (DDP's
-        # and SPB's do; per-layer and pipeline messages do not).
-        self._carries_agreement = config.backprop != "ooo" and pipeline is None
-        if self._split is not None and pipeline is not None:
-            self._backprop = PipelineTrainer(
-                trained,
-                pipeline.schedule,
-                pipeline.microbatches,
-                self._split.loss,
-                self._optimizer,
-                device,
-                # The stages' messages in a group of their own, beside the boundary
-                # agreement and the loss sent to rank 0 on the default group.
-                group=dist.new_group(),
+        # The one place the backward schedule is chosen: the loop only drives it.
+        self._schedule = registry.build(
+            Parts(
+                config=config,
+                trial=self._trial,
+                model=model,
+                trained=trained,
+                split=self._split,
+                optimizer=self._optimizer,
+                kfac=kfac,
+                device=device,
+                clock=self._clock,
+                agreement=self._sync,
+                partial=self._partial,
             )
-        elif config.backprop == "ooo":
-            self._backprop = out_of_order(model, self._optimizer, config.ooo_first_k)
-        elif self._partial is not None:
-            self._backprop = PartialBackpropSchedule(self._partial, self._optimizer, self._clock)
-        else:
-            ddp = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None
-            )
-            ddp.register_comm_hook(self._comm, CommMeter.hook)
-            self._model = ddp
-            self._backprop = StandardBackprop(self._optimizer)
-        # A reverse first-k whose k the spec leaves to us: chosen when the gang is up.
-        self._auto_first_k = (
-            isinstance(self._backprop, ReverseFirstK) and config.ooo_first_k is None
         )
         self._batches = ShardedBatches(
             dataset,
@@ -247,10 +220,10 @@ class _Training:
     def run(self) -> ExitStatus:
         # The peers wait for rank 0's measurement at the next collective.
         profile: SPBProfile | None = None
-        if self._rank0 and (self._auto_first_k or (self._config.profile and self.iteration == 0)):
+        wanted = self._schedule.needs_profile or (self._config.profile and self.iteration == 0)
+        if self._rank0 and wanted:
             profile = self._profile()
-        if self._auto_first_k:
-            self._choose_first_k(profile)
+        self._schedule.start(profile)
         # The first boundary of this process has no step to hide its agreement behind.
         agreed = self._agree_now(self._check(self.iteration))
         while True:
@@ -305,19 +278,6 @@ class _Training:
         self._announce(f"measured the model: {len(profile.stages)} stages")
         return profile
 
-    def _choose_first_k(self, profile: SPBProfile | None) -> None:
-        """Collective: reverse first-k's k from rank 0's profile of the model's stages and
-        the link measured on this gang (`ooo.gang_first_k`)."""
-        assert isinstance(self._backprop, ReverseFirstK)
-        cut = stages.build(self._net, self._trial.stages(self._net), self._config.spb_stages)
-        bandwidth = link_bytes_per_second(self._device)
-        k = agree_first_k(self._backprop, cut.modules, profile, bandwidth)
-        if self._rank0:
-            self._announce(
-                f"reverse first-k: the first {k} of {len(cut)} stages compute their weight "
-                f"gradients after the chain (link measured at {bandwidth / 1e6:.0f} MB/s)"
-            )
-
     def _check(self, boundary: int) -> Decision | None:
         if not self._rank0:
             return None
@@ -354,7 +314,6 @@ class _Training:
         boundary = self.iteration + 1
         agreeing = boundary >= agreed.decision.lease_until
         decision = self._check(boundary) if agreeing else None
-        self._comm.reset()
         start = self._clock.mark()
         if self._partial is not None:
             before = self._partial.depths
@@ -362,12 +321,12 @@ class _Training:
             if depths != before:
                 self._tell_contributors(depths)
         batch = to_device(self._batches.next(), self._device)
-        self._backprop.zero_grad()
+        self._schedule.zero_grad()
         if agreeing:
             self._sync.offer(boundary, decision, self._target_reached)
-        loss = self._forward_backward(batch, agreeing)
+        loss = self._schedule.forward_backward(batch, agreeing)
         backward_end = self._clock.mark()
-        self._backprop.step()
+        self._schedule.step()
         end = self._clock.mark()
         if agreeing:
             agreed = self._sync.wait()
@@ -377,48 +336,15 @@ class _Training:
             self._reports.add(self._record(start, backward_end, end, loss.item()))
         return agreed
 
-    def _forward_backward(self, batch: Any, agreeing: bool) -> torch.Tensor | None:
-        """The batch's loss and gradients, with the offered boundary agreement riding in
-        the gradient exchange or launched where it hides behind backward. A pipeline's
-        loss comes from its last stage to rank 0; its other stages get None."""
-        if isinstance(self._backprop, PipelineTrainer):
-            # Forwards and backwards interleave inside the schedule: launched before.
-            if agreeing:
-                self._sync.launch()
-            inputs, targets = batch
-            return self._backprop.loss_on_first_stage(self._backprop.run(inputs, targets))
-        loss = self._trial.loss(self._model, batch)
-        if agreeing and not self._carries_agreement:
-            self._sync.launch()
-        self._backprop.backward(loss)
-        return loss
-
     def _tell_contributors(self, depths: tuple[int, ...]) -> None:
         """Tell whoever averages per layer which ranks now train each stage."""
         assert self._partial is not None
         cut = self._partial.stages
-        stage_ranks = spb.contributors(depths, len(cut))
-        if isinstance(self._backprop, ReverseFirstK):
-            self._backprop.set_contributors(cut.modules, stage_ranks)
-        if isinstance(self._optimizer, KFACSGD):
-            kfac = self._optimizer.preconditioner
-            kfac.set_contributors(layer_contributors(kfac.layers, list(cut.modules), stage_ranks))
-
-    def _communication(self, backward_end: Mark) -> tuple[float, int]:
-        """Seconds of the step spent communicating and not hidden behind compute, and the
-        wire bytes sent: DDP's tail after its last bucket launch, or SPB's exchange, which
-        runs after backward. (The out-of-order schedules' is not split out.)"""
-        if isinstance(self._backprop, PartialBackpropSchedule):
-            marks = self._backprop.exchange_marks
-            seconds = self._clock.seconds(*marks) if marks is not None else 0.0
-            return seconds, self._backprop.wire_bytes
-        launch = self._comm.last_launch
-        seconds = self._clock.seconds(launch, backward_end) if launch is not None else 0.0
-        return seconds, self._comm.bytes
+        self._schedule.set_contributors(cut.modules, spb.contributors(depths, len(cut)))
 
     def _record(self, start: Mark, backward_end: Mark, end: Mark, loss: float) -> IterationRecord:
         step = self._clock.seconds(start, end)
-        comm, wire_bytes = self._communication(backward_end)
+        comm, wire_bytes = self._schedule.communication(backward_end)
         return IterationRecord(
             iteration=self.iteration + 1,
             step_seconds=step,
@@ -436,12 +362,10 @@ class _Training:
         """Every rank, at the same boundaries (a pipeline's stages gather their parts to
         rank 0); rank 0 evaluates the whole model."""
         self._evaluated_at = self.iteration
-        if isinstance(self._backprop, PipelineTrainer) and self._split is not None:
-            self._backprop.gather_model(self._split.parts)
+        self._schedule.before_evaluation()
         if not self._rank0:
             return
         model = self._net
-        self._backprop.flush()
         # Evaluation runs on rank 0 alone; it must not perturb rank 0's random streams.
         state = rng.capture()
         model.eval()
@@ -480,7 +404,7 @@ class _Training:
     def _checkpoint(self) -> None:
         """Collective (every rank knows the boundaries that checkpoint)."""
         if self._config.checkpoint_dir is not None:
-            self._backprop.flush()
+            self._schedule.flush()
             checkpoint.save(
                 self._config.checkpoint_dir,
                 model=self._trained,

@@ -2,23 +2,20 @@
 
 The training loop calls `begin` before each forward (the depths may rotate), lets the
 trial compute the loss and backward as usual, then `synchronize` in place of DDP's
-all-reduce (`PartialBackpropSchedule` drives this as the loop's backward schedule).
+all-reduce (`schedules.spb` drives this as the loop's backward schedule).
 `configure` takes a new configuration at a boundary: the next `begin` cuts accordingly,
 with no restart and no lost step.
 """
 
 from __future__ import annotations
 
-import torch
 from torch import nn
-from torch.optim import Optimizer
 
 from jigsaw import spb
 from jigsaw.jobspec import SPBConfig
 from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.spb.exchange import StageExchange
 from worker_agent.runtime.spb.stages import Stages
-from worker_agent.runtime.timing import DeviceClock, Mark
 
 
 class PartialBackprop:
@@ -64,34 +61,3 @@ class PartialBackprop:
     def depth_fraction(self) -> float:
         """Mean depth over the job's workers as a fraction of the stages (1 = full)."""
         return sum(self.depths) / (len(self.depths) * len(self.stages))
-
-
-class PartialBackpropSchedule:
-    """The training loop's backward schedule (`ooo.schedules.BackpropSchedule`) for SPB:
-    backward to the cut, the per-stage exchange, the update, rank 0's buffers."""
-
-    def __init__(self, partial: PartialBackprop, optimizer: Optimizer, clock: DeviceClock) -> None:
-        self._partial = partial
-        self._optimizer = optimizer
-        self._clock = clock
-        # Of the last step: the exchange's start and end marks (read them after the clock
-        # synchronizes, as the loop does on rank 0 only) and this rank's wire bytes.
-        self.exchange_marks: tuple[Mark, Mark] | None = None
-        self.wire_bytes = 0
-
-    def zero_grad(self) -> None:
-        self._optimizer.zero_grad()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        if loss.requires_grad:  # false only for a rank whose top stage has no parameters
-            loss.backward()
-        start = self._clock.mark()
-        self.wire_bytes = self._partial.synchronize()
-        self.exchange_marks = (start, self._clock.mark())
-
-    def step(self) -> None:
-        self._optimizer.step()
-        self._partial.after_step()
-
-    def flush(self) -> None:
-        pass

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from jigsaw.proto.v1 import agent_pb2 as jigsaw_dot_proto_dot_v1_dot_agent__pb2
+from jigsaw.proto.v2 import agent_pb2 as jigsaw_dot_proto_dot_v2_dot_agent__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in jigsaw/proto/v1/agent_pb2_grpc.py depends on'
+        + ' but the generated code in jigsaw/proto/v2/agent_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,14 +36,14 @@ class AgentServiceStub:
             channel: A grpc.Channel.
         """
         self.Register = channel.unary_unary(
-                '/jigsaw.v1.AgentService/Register',
-                request_serializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterResponse.FromString,
+                '/jigsaw.v2.AgentService/Register',
+                request_serializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.RegisterResponse.FromString,
                 _registered_method=True)
         self.Connect = channel.stream_stream(
-                '/jigsaw.v1.AgentService/Connect',
-                request_serializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
-                response_deserializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.SchedulerMessage.FromString,
+                '/jigsaw.v2.AgentService/Connect',
+                request_serializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.AgentMessage.SerializeToString,
+                response_deserializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.SchedulerMessage.FromString,
                 _registered_method=True)
 
 
@@ -72,19 +72,19 @@ def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterRequest.FromString,
-                    response_serializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterResponse.SerializeToString,
+                    request_deserializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.RegisterRequest.FromString,
+                    response_serializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.RegisterResponse.SerializeToString,
             ),
             'Connect': grpc.stream_stream_rpc_method_handler(
                     servicer.Connect,
-                    request_deserializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.AgentMessage.FromString,
-                    response_serializer=jigsaw_dot_proto_dot_v1_dot_agent__pb2.SchedulerMessage.SerializeToString,
+                    request_deserializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.AgentMessage.FromString,
+                    response_serializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.SchedulerMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'jigsaw.v1.AgentService', rpc_method_handlers)
+            'jigsaw.v2.AgentService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('jigsaw.v1.AgentService', rpc_method_handlers)
+    server.add_registered_method_handlers('jigsaw.v2.AgentService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -106,9 +106,9 @@ class AgentService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/jigsaw.v1.AgentService/Register',
-            jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterRequest.SerializeToString,
-            jigsaw_dot_proto_dot_v1_dot_agent__pb2.RegisterResponse.FromString,
+            '/jigsaw.v2.AgentService/Register',
+            jigsaw_dot_proto_dot_v2_dot_agent__pb2.RegisterRequest.SerializeToString,
+            jigsaw_dot_proto_dot_v2_dot_agent__pb2.RegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -133,9 +133,9 @@ class AgentService:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/jigsaw.v1.AgentService/Connect',
-            jigsaw_dot_proto_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
-            jigsaw_dot_proto_dot_v1_dot_agent__pb2.SchedulerMessage.FromString,
+            '/jigsaw.v2.AgentService/Connect',
+            jigsaw_dot_proto_dot_v2_dot_agent__pb2.AgentMessage.SerializeToString,
+            jigsaw_dot_proto_dot_v2_dot_agent__pb2.SchedulerMessage.FromString,
             options,
             channel_credentials,
             insecure,

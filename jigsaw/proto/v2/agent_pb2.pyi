@@ -14,11 +14,60 @@ class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTCOME_FAILED: _ClassVar[Outcome]
     OUTCOME_SUSPENDED: _ClassVar[Outcome]
     OUTCOME_STOPPED: _ClassVar[Outcome]
+
+class Optimizer(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OPTIMIZER_UNSPECIFIED: _ClassVar[Optimizer]
+    OPTIMIZER_SGD: _ClassVar[Optimizer]
+    OPTIMIZER_ADAM: _ClassVar[Optimizer]
+    OPTIMIZER_KFAC: _ClassVar[Optimizer]
+
+class TargetMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TARGET_MODE_UNSPECIFIED: _ClassVar[TargetMode]
+    TARGET_MODE_MAX: _ClassVar[TargetMode]
+    TARGET_MODE_MIN: _ClassVar[TargetMode]
+
+class SPBMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SPB_MODE_UNSPECIFIED: _ClassVar[SPBMode]
+    SPB_MODE_OFF: _ClassVar[SPBMode]
+    SPB_MODE_AUTO: _ClassVar[SPBMode]
+
+class Backprop(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BACKPROP_UNSPECIFIED: _ClassVar[Backprop]
+    BACKPROP_STANDARD: _ClassVar[Backprop]
+    BACKPROP_OOO: _ClassVar[Backprop]
+
+class PipelineSchedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PIPELINE_SCHEDULE_UNSPECIFIED: _ClassVar[PipelineSchedule]
+    PIPELINE_SCHEDULE_GPIPE: _ClassVar[PipelineSchedule]
+    PIPELINE_SCHEDULE_1F1B: _ClassVar[PipelineSchedule]
+    PIPELINE_SCHEDULE_ZERO_BUBBLE: _ClassVar[PipelineSchedule]
 OUTCOME_UNSPECIFIED: Outcome
 OUTCOME_SUCCEEDED: Outcome
 OUTCOME_FAILED: Outcome
 OUTCOME_SUSPENDED: Outcome
 OUTCOME_STOPPED: Outcome
+OPTIMIZER_UNSPECIFIED: Optimizer
+OPTIMIZER_SGD: Optimizer
+OPTIMIZER_ADAM: Optimizer
+OPTIMIZER_KFAC: Optimizer
+TARGET_MODE_UNSPECIFIED: TargetMode
+TARGET_MODE_MAX: TargetMode
+TARGET_MODE_MIN: TargetMode
+SPB_MODE_UNSPECIFIED: SPBMode
+SPB_MODE_OFF: SPBMode
+SPB_MODE_AUTO: SPBMode
+BACKPROP_UNSPECIFIED: Backprop
+BACKPROP_STANDARD: Backprop
+BACKPROP_OOO: Backprop
+PIPELINE_SCHEDULE_UNSPECIFIED: PipelineSchedule
+PIPELINE_SCHEDULE_GPIPE: PipelineSchedule
+PIPELINE_SCHEDULE_1F1B: PipelineSchedule
+PIPELINE_SCHEDULE_ZERO_BUBBLE: PipelineSchedule
 
 class Gpu(_message.Message):
     __slots__ = ("index", "kind", "memory_bytes", "virtual")
@@ -195,16 +244,49 @@ class Evaluation(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., iteration: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ModelProfileReport(_message.Message):
-    __slots__ = ("job_id", "workload", "device_kind", "profile_json")
+    __slots__ = ("job_id", "workload", "device_kind", "profile")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
-    PROFILE_JSON_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     workload: str
     device_kind: str
-    profile_json: str
-    def __init__(self, job_id: _Optional[int] = ..., workload: _Optional[str] = ..., device_kind: _Optional[str] = ..., profile_json: _Optional[str] = ...) -> None: ...
+    profile: ModelProfile
+    def __init__(self, job_id: _Optional[int] = ..., workload: _Optional[str] = ..., device_kind: _Optional[str] = ..., profile: _Optional[_Union[ModelProfile, _Mapping]] = ...) -> None: ...
+
+class ModelProfile(_message.Message):
+    __slots__ = ("workload", "per_worker_batch", "stages", "steps_ratio")
+    class StepsRatioEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    PER_WORKER_BATCH_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_RATIO_FIELD_NUMBER: _ClassVar[int]
+    workload: str
+    per_worker_batch: int
+    stages: _containers.RepeatedCompositeFieldContainer[StageProfile]
+    steps_ratio: _containers.ScalarMap[str, float]
+    def __init__(self, workload: _Optional[str] = ..., per_worker_batch: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[StageProfile, _Mapping]]] = ..., steps_ratio: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class StageProfile(_message.Message):
+    __slots__ = ("forward_seconds", "backward_input_seconds", "backward_weight_seconds", "activation_bytes", "parameter_bytes")
+    FORWARD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_INPUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BACKWARD_WEIGHT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVATION_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    forward_seconds: float
+    backward_input_seconds: float
+    backward_weight_seconds: float
+    activation_bytes: int
+    parameter_bytes: int
+    def __init__(self, forward_seconds: _Optional[float] = ..., backward_input_seconds: _Optional[float] = ..., backward_weight_seconds: _Optional[float] = ..., activation_bytes: _Optional[int] = ..., parameter_bytes: _Optional[int] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
     __slots__ = ("launch", "stop", "suspend", "resume", "reconfigure")
@@ -229,34 +311,34 @@ class RankAssignment(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., gpu_index: _Optional[int] = ...) -> None: ...
 
 class LaunchCommand(_message.Message):
-    __slots__ = ("job_id", "spec_json", "ranks", "world_size", "master_addr", "master_port", "start_iteration", "lease_iterations", "spb_json", "config_version", "checkpoint_dir", "checkpoint_every", "attempt")
+    __slots__ = ("job_id", "spec", "ranks", "world_size", "master_addr", "master_port", "start_iteration", "lease_iterations", "spb", "config_version", "checkpoint_dir", "checkpoint_every", "attempt")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
-    SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     START_ITERATION_FIELD_NUMBER: _ClassVar[int]
     LEASE_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
-    SPB_JSON_FIELD_NUMBER: _ClassVar[int]
+    SPB_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     job_id: int
-    spec_json: str
+    spec: JobSpec
     ranks: _containers.RepeatedCompositeFieldContainer[RankAssignment]
     world_size: int
     master_addr: str
     master_port: int
     start_iteration: int
     lease_iterations: int
-    spb_json: str
+    spb: SPBConfig
     config_version: int
     checkpoint_dir: str
     checkpoint_every: int
     attempt: int
-    def __init__(self, job_id: _Optional[int] = ..., spec_json: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., start_iteration: _Optional[int] = ..., lease_iterations: _Optional[int] = ..., spb_json: _Optional[str] = ..., config_version: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., start_iteration: _Optional[int] = ..., lease_iterations: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ..., config_version: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class StopCommand(_message.Message):
     __slots__ = ("job_id", "reason")
@@ -273,11 +355,91 @@ class SuspendCommand(_message.Message):
     def __init__(self, job_id: _Optional[int] = ...) -> None: ...
 
 class ReconfigureCommand(_message.Message):
-    __slots__ = ("job_id", "config_version", "config_json")
+    __slots__ = ("job_id", "config_version", "spb")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
-    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    SPB_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     config_version: int
-    config_json: str
-    def __init__(self, job_id: _Optional[int] = ..., config_version: _Optional[int] = ..., config_json: _Optional[str] = ...) -> None: ...
+    spb: SPBConfig
+    def __init__(self, job_id: _Optional[int] = ..., config_version: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("name", "workload", "hyperparameters", "workers", "max_iterations", "target_metric", "priority", "queue", "spb", "backprop", "ooo_first_k", "pipeline", "max_retries")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    HYPERPARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ITERATIONS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_METRIC_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SPB_FIELD_NUMBER: _ClassVar[int]
+    BACKPROP_FIELD_NUMBER: _ClassVar[int]
+    OOO_FIRST_K_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    workload: str
+    hyperparameters: Hyperparameters
+    workers: int
+    max_iterations: int
+    target_metric: TargetMetric
+    priority: int
+    queue: str
+    spb: SPBSetting
+    backprop: Backprop
+    ooo_first_k: int
+    pipeline: Pipeline
+    max_retries: int
+    def __init__(self, name: _Optional[str] = ..., workload: _Optional[str] = ..., hyperparameters: _Optional[_Union[Hyperparameters, _Mapping]] = ..., workers: _Optional[int] = ..., max_iterations: _Optional[int] = ..., target_metric: _Optional[_Union[TargetMetric, _Mapping]] = ..., priority: _Optional[int] = ..., queue: _Optional[str] = ..., spb: _Optional[_Union[SPBSetting, _Mapping]] = ..., backprop: _Optional[_Union[Backprop, str]] = ..., ooo_first_k: _Optional[int] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., max_retries: _Optional[int] = ...) -> None: ...
+
+class Hyperparameters(_message.Message):
+    __slots__ = ("batch_size", "learning_rate", "optimizer")
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    batch_size: int
+    learning_rate: float
+    optimizer: Optimizer
+    def __init__(self, batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ...) -> None: ...
+
+class TargetMetric(_message.Message):
+    __slots__ = ("name", "value", "mode")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    mode: TargetMode
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ..., mode: _Optional[_Union[TargetMode, str]] = ...) -> None: ...
+
+class SPBSetting(_message.Message):
+    __slots__ = ("mode", "fixed")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    mode: SPBMode
+    fixed: SPBConfig
+    def __init__(self, mode: _Optional[_Union[SPBMode, str]] = ..., fixed: _Optional[_Union[SPBConfig, _Mapping]] = ...) -> None: ...
+
+class SPBConfig(_message.Message):
+    __slots__ = ("full_fraction", "partial_depth", "rotation_period", "stages")
+    FULL_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    PARTIAL_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    ROTATION_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    full_fraction: float
+    partial_depth: float
+    rotation_period: int
+    stages: int
+    def __init__(self, full_fraction: _Optional[float] = ..., partial_depth: _Optional[float] = ..., rotation_period: _Optional[int] = ..., stages: _Optional[int] = ...) -> None: ...
+
+class Pipeline(_message.Message):
+    __slots__ = ("stages", "schedule", "microbatches")
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_FIELD_NUMBER: _ClassVar[int]
+    MICROBATCHES_FIELD_NUMBER: _ClassVar[int]
+    stages: int
+    schedule: PipelineSchedule
+    microbatches: int
+    def __init__(self, stages: _Optional[int] = ..., schedule: _Optional[_Union[PipelineSchedule, str]] = ..., microbatches: _Optional[int] = ...) -> None: ...

@@ -7,8 +7,8 @@ microbatch's backward as one piece; the zero-bubble schedule
 the input-gradient part, sent upstream at once, and the weight-gradient part, run later
 to fill what would be bubbles: the paper's gradient fast-forwarding, in PyTorch's own
 runtime (`stage_backward_input` / `stage_backward_weight`). The training loop (for a
-job whose spec has `pipeline`), `benchmarks/ooo.py` and the tests all train through
-`PipelineTrainer`.
+job whose spec has `pipeline`, through `PipelineParallel`), `benchmarks/ooo.py` and the
+tests all train through `PipelineTrainer`.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from torch.distributed.pipelining import (
 from torch.optim import Optimizer
 
 from jigsaw.jobspec import PipelineSchedule
+from worker_agent.runtime.schedules.base import Parts, Schedule
 
 PIPELINE_SCHEDULES: tuple[PipelineSchedule, ...] = get_args(PipelineSchedule)
 
@@ -64,9 +65,8 @@ class PipelineTrainer:
     group if None) runs the same steps on the same batches, one stage each in rank
     order.
 
-    The loop drives it like its other backward schedules (`zero_grad`, then `run`
-    instead of computing the loss and `backward`, `step`, `flush`); `train` is one
-    whole step.
+    Driven like a backward schedule (`zero_grad`, then `run` instead of computing the
+    loss and `backward`, `step`, `flush`); `train` is one whole step.
     """
 
     def __init__(
@@ -166,3 +166,49 @@ class PipelineTrainer:
         if states is not None:
             for part, stage_state in zip(parts[1:], states[1:], strict=True):
                 part.load_state_dict(stage_state)
+
+
+class PipelineParallel(Schedule):
+    """The loop's pipeline schedule: rank r trains stage r of the model on every batch.
+
+    Forwards and backwards interleave inside the schedule, which has no all-reduce to
+    carry the boundary agreement: it is launched before them. The stages' messages have
+    a process group of their own, beside the agreement and the loss sent to rank 0 on
+    the default group.
+    """
+
+    def __init__(self, parts: Parts) -> None:
+        super().__init__(parts)
+        pipeline, split = parts.config.pipeline, parts.split
+        assert pipeline is not None and split is not None, "a pipeline job has a split"
+        self._parts_of_stages = split.parts
+        self._trainer = PipelineTrainer(
+            parts.trained,
+            pipeline.schedule,
+            pipeline.microbatches,
+            split.loss,
+            parts.optimizer,
+            parts.device,
+            group=dist.new_group(),
+        )
+
+    def zero_grad(self) -> None:
+        self._trainer.zero_grad()
+
+    def forward_backward(self, batch: Any, agreeing: bool) -> torch.Tensor | None:
+        """The last stage's loss, on rank 0 (the first stage); None on the others."""
+        if agreeing:
+            self._parts.agreement.launch()
+        inputs, targets = batch
+        return self._trainer.loss_on_first_stage(self._trainer.run(inputs, targets))
+
+    def step(self) -> None:
+        self._trainer.step()
+
+    def flush(self) -> None:
+        self._trainer.flush()
+
+    def before_evaluation(self) -> None:
+        """Collective: the stages gather their parts to rank 0, which evaluates."""
+        self._trainer.gather_model(self._parts_of_stages)
+        super().before_evaluation()

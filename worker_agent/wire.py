@@ -1,0 +1,199 @@
+"""The agent's side of the protocol (`jigsaw.v2`): the scheduler's commands into worker
+configurations, the supervisor's events into messages for the scheduler.
+
+The one place in the agent, beside its transport (`agent`, `outbox`, `spool`), that
+knows the protocol's messages; the typed conversions of the spec, SPB configurations
+and profiles are the kernel's (`jigsaw.proto.convert`). A command is the operator's
+scheduler speaking, but a launch that cannot be carried out here still only fails its
+run, with the reason; what a worker reports was written by trial code and may be forged:
+converting it raises a ValueError or TypeError, which the caller drops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from jigsaw import spb
+from jigsaw.gpus import GpuSlot
+from jigsaw.jobspec import JobSpec, SPBConfig
+from jigsaw.proto import convert
+from jigsaw.proto.v2 import agent_pb2 as pb
+from jigsaw.spb import SPBProfile
+from worker_agent.jobs import (
+    Evaluated,
+    Iterations,
+    JobEnded,
+    JobEvent,
+    JobLaunch,
+    LogLine,
+    NodeResources,
+    Profiled,
+)
+from worker_agent.runtime.config import WorkerConfig
+from worker_agent.runtime.protocol import Outcome
+
+Outbound = pb.JobIterations | pb.Evaluation | pb.LogTail | pb.JobExit | pb.ModelProfileReport
+
+_OUTCOMES = {
+    Outcome.SUCCEEDED: pb.OUTCOME_SUCCEEDED,
+    Outcome.FAILED: pb.OUTCOME_FAILED,
+    Outcome.SUSPENDED: pb.OUTCOME_SUSPENDED,
+    Outcome.STOPPED: pb.OUTCOME_STOPPED,
+}
+
+
+class InvalidCommand(ValueError):
+    """A command that breaks the protocol; the text says why."""
+
+
+def job_launch(command: pb.LaunchCommand, node: NodeResources) -> JobLaunch:
+    """The launch a LaunchCommand asks of this node, with every rank's configuration,
+    or with the `problem` that keeps it from running here."""
+    launch = JobLaunch(
+        job_id=command.job_id,
+        attempt=command.attempt,
+        start_iteration=command.start_iteration,
+        config_version=command.config_version,
+        gpus={assignment.rank: assignment.gpu_index for assignment in command.ranks},
+    )
+    try:
+        return replace(launch, configs=_worker_configs(command, node))
+    except InvalidCommand as exc:
+        return replace(launch, problem=str(exc))
+
+
+def reconfiguration(command: pb.ReconfigureCommand) -> dict[str, Any]:
+    """The SPB configuration a ReconfigureCommand carries, as workers take it (`{}`:
+    off); an InvalidCommand when it is not a valid one."""
+    try:
+        config = convert.spb_config(command.spb) if command.HasField("spb") else None
+    except ValidationError as exc:
+        raise InvalidCommand(f"invalid spb: {exc}") from exc
+    return spb.as_json(config)
+
+
+def outbound(event: JobEvent) -> Outbound:
+    """The message for the scheduler that says what `event` says. A ValueError or
+    TypeError when a worker's report does not make one."""
+    match event:
+        case Iterations(job_id, records):
+            return pb.JobIterations(
+                job_id=job_id, records=[pb.IterationRecord(**asdict(r)) for r in records]
+            )
+        case Evaluated(job_id, iteration, metrics):
+            return pb.Evaluation(job_id=job_id, iteration=iteration, metrics=metrics)
+        case LogLine(job_id, rank, level, message):
+            return pb.LogTail(job_id=job_id, rank=rank, level=level, message=message)
+        case Profiled(job_id, workload, device_kind, profile):
+            try:
+                measured = SPBProfile.from_json(profile)
+            except (KeyError, AttributeError) as exc:
+                raise ValueError(f"not a model profile: {exc!r}") from exc
+            return pb.ModelProfileReport(
+                job_id=job_id,
+                workload=workload,
+                device_kind=device_kind,
+                profile=convert.profile_message(measured),
+            )
+        case JobEnded():
+            return pb.JobExit(
+                job_id=event.job_id,
+                attempt=event.attempt,
+                outcome=_OUTCOMES[event.outcome],
+                exit_code=event.exit_code,
+                iteration=event.iteration,
+                error_tail=event.error_tail,
+                metrics=event.metrics,
+            )
+
+
+def gpu(slot: GpuSlot) -> pb.Gpu:
+    """A GPU slot as the agent registers it."""
+    return pb.Gpu(
+        index=slot.index, kind=slot.kind, memory_bytes=slot.memory_bytes, virtual=slot.virtual
+    )
+
+
+def running_jobs(runs: dict[int, tuple[int, dict[int, int]]]) -> list[pb.RunningJob]:
+    """What a Hello says still runs here: `Supervisor.runs()`."""
+    return [
+        pb.RunningJob(
+            job_id=job_id,
+            attempt=attempt,
+            ranks=[pb.RankAssignment(rank=rank, gpu_index=gpu) for rank, gpu in ranks.items()],
+        )
+        for job_id, (attempt, ranks) in runs.items()
+    ]
+
+
+def _worker_configs(command: pb.LaunchCommand, node: NodeResources) -> tuple[WorkerConfig, ...]:
+    """Every rank's configuration, or an InvalidCommand before anything starts."""
+    if not command.ranks:
+        raise InvalidCommand("the launch assigns no ranks to this node")
+    if not command.master_addr:
+        raise InvalidCommand("the launch has no master_addr")
+    try:
+        spec = convert.job_spec(command.spec)
+    except ValueError as exc:
+        raise InvalidCommand(f"invalid spec: {exc}") from exc
+    indices = [assignment.gpu_index for assignment in command.ranks]
+    ranks = [assignment.rank for assignment in command.ranks]
+    unknown = sorted(set(indices) - set(node.slots))
+    if unknown:
+        raise InvalidCommand(
+            f"GPU index {unknown} not on this node, which has {sorted(node.slots)}"
+        )
+    if len(set(indices)) < len(indices) or len(set(ranks)) < len(ranks):
+        raise InvalidCommand(f"ranks {ranks} on GPUs {indices}: a rank or GPU is repeated")
+    try:
+        launch_spb = convert.spb_config(command.spb) if command.HasField("spb") else None
+    except ValidationError as exc:
+        raise InvalidCommand(f"invalid spb: {exc}") from exc
+    try:
+        return tuple(
+            _worker_config(command, spec, launch_spb, node, assignment.rank, assignment.gpu_index)
+            for assignment in command.ranks
+        )
+    except ValidationError as exc:
+        raise InvalidCommand(f"invalid launch: {exc}") from exc
+
+
+def _worker_config(
+    command: pb.LaunchCommand,
+    spec: JobSpec,
+    launch_spb: SPBConfig | None,
+    node: NodeResources,
+    rank: int,
+    gpu_index: int,
+) -> WorkerConfig:
+    return WorkerConfig(
+        job_id=command.job_id,
+        attempt=command.attempt,
+        workload=spec.workload,
+        hyperparameters=spec.hyperparameters,
+        rank=rank,
+        world_size=command.world_size,
+        master_addr=command.master_addr,
+        master_port=command.master_port,
+        device=node.slots[gpu_index].device,
+        # The spec has no seed; the job id is the same on every rank and resume.
+        seed=command.job_id,
+        max_iterations=spec.max_iterations,
+        target_metric=spec.target_metric,
+        backprop=spec.backprop,
+        ooo_first_k=spec.ooo_first_k,
+        pipeline=spec.pipeline,
+        checkpoint_dir=Path(command.checkpoint_dir) if command.checkpoint_dir else None,
+        checkpoint_every=command.checkpoint_every or None,
+        data_dir=node.data_dir,
+        torch_threads=node.torch_threads,
+        spb_enabled=spec.spb != "off",
+        # A fresh SPB job measures its model for the scheduler's pricing.
+        profile=spec.spb != "off" and command.start_iteration == 0,
+        spb=spb.as_json(launch_spb),
+        spb_stages=spec.spb.stages if isinstance(spec.spb, SPBConfig) else None,
+    )
