@@ -81,9 +81,7 @@ from jigsaw.jobspec import SPBConfig
 from scheduler.jobmodel import Shape, colocation_factors, stretched_step
 from scheduler.makespan import Curve, hull, least_cost, shortest_makespan
 from scheduler.plan import Placement, Plan, Reconfigure
-from scheduler.policies.fifo import FreePool
-from scheduler.policies.preemptive import candidates
-from scheduler.policies.srtf import remaining_seconds
+from scheduler.policies.placement import FreePool, candidates, remaining_seconds
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
 
 INTERFERENCE = 0.15
