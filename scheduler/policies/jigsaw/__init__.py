@@ -90,6 +90,7 @@ DEFAULTS = JigsawParams()
 
 
 def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan:
+    """One round: the steps of the module docstring, each a function of its own."""
     usable = _usable(snapshot)
     every = snapshot.gpus_by_id()
     layout = Layout(
