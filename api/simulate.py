@@ -23,7 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from scheduler.makespan import makespan_lower_bound
+from scheduler.core.makespan import makespan_lower_bound
 from scheduler.policies import POLICIES, Policy, get_policy, jigsaw
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize

@@ -268,7 +268,7 @@ class SchedulerRound(Base):
 
     `counts` holds the round's tallies (scheduler.loop.RoundResult); `decisions` is a
     list of `{"kind": ..., "job_id": ..., <details>}` objects, one per decision, in the
-    order the loop made them (scheduler.rounds.Decision). Only recent rounds are kept
+    order the loop made them (scheduler.core.rounds.Decision). Only recent rounds are kept
     (JIGSAW_SCHEDULER_ROUNDS_KEPT); the audit trail of each job stays in `events`.
     """
 

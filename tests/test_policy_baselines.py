@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from scheduler.jobmodel import JobModel
-from scheduler.plan import Placement, Plan
+from scheduler.core.jobmodel import JobModel
+from scheduler.core.plan import Placement, Plan
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
+from scheduler.core.states import JobState
 from scheduler.policies import gandiva, get_policy, srtf, tiresias
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
-from scheduler.states import JobState
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

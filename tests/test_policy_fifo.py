@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from scheduler.plan import Placement
+from scheduler.core.plan import Placement
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
+from scheduler.core.states import JobState
 from scheduler.policies import POLICIES, get_policy
 from scheduler.policies.fifo import FreePool, schedule
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
-from scheduler.states import JobState
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 from jigsaw.jobspec import SPBConfig
 from jigsaw.spb import SPBProfile, StageProfile, as_json, config_key
-from scheduler.jobmodel import JobModel, colocation_factors, stretched_step
-from scheduler.plan import Placement, Plan, Reconfigure
+from scheduler.core.jobmodel import JobModel, colocation_factors, stretched_step
+from scheduler.core.plan import Placement, Plan, Reconfigure
+from scheduler.core.snapshot import ClusterSnapshot, JobView, NodeView
+from scheduler.core.states import JobState
 from scheduler.policies import get_policy, jigsaw
-from scheduler.snapshot import ClusterSnapshot, JobView, NodeView
-from scheduler.states import JobState
 from tests.test_policy_baselines import nodes as baseline_nodes
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -233,7 +233,7 @@ def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() ->
     # Eight GPUs; eight 3,000 s one-GPU jobs and a 20,000-iteration job that scales
     # badly (9,000 s on 8 GPUs, 12,000 s on 4, 20,000 s on 2). Short jobs first ends
     # at 12,000 s: the long job starts when they are done. No schedule ends before
-    # 10,500 s (`scheduler.makespan`), which the long job meets only if it starts now,
+    # 10,500 s (`scheduler.core.makespan`), which the long job meets only if it starts now,
     # on 5.7 GPUs on average: it is paced on 4 (its largest size below that), the short
     # jobs share the rest, and it grows to 8 once they are done (10,500 s).
     shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]

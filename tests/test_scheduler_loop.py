@@ -16,18 +16,19 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import JobSpec
+from scheduler.core.plan import Plan, Reconfigure
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, Launch, Report, RunOutcome, SimulatedDispatcher
 from scheduler.leader import LeaderLock, LeaderUnavailable
 from scheduler.loop import SchedulerService
 from scheduler.models.jobs import cancel, resume, submit, suspend
+from scheduler.models.states import transition
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node
-from scheduler.plan import Plan, Reconfigure
 from scheduler.policies import POLICIES, fifo
 from scheduler.settings import SchedulerSettings
-from scheduler.snapshot import ClusterSnapshot
-from scheduler.states import JobState, transition
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30)

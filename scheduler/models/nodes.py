@@ -15,8 +15,9 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from scheduler.core.states import IllegalTransition, JobState
+from scheduler.models.states import transition
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
-from scheduler.states import IllegalTransition, JobState, transition
 
 # The message of a RUNNING job `drain --now` suspended. The scheduler loop queues such a
 # job again once its processes have checkpointed and exited (whatever the policy), so it
@@ -176,3 +177,12 @@ def on_drained_node(session: Session, gpu_ids: list[int]) -> bool:
         .with_for_update(read=True)
     ).all()
     return any(drained is not None or removed is not None for drained, removed in rows)
+
+
+def drain_suspended(session: Session) -> list[Job]:
+    """The jobs `drain --now` suspended that wait to be queued again."""
+    return list(
+        session.scalars(
+            select(Job).where(Job.state == JobState.SUSPENDED, Job.message == DRAINED_MESSAGE)
+        )
+    )

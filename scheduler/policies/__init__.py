@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from scheduler.plan import Plan
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.policies import fifo, gandiva, jigsaw, srtf, tiresias
-from scheduler.snapshot import ClusterSnapshot
 
 Policy = Callable[[ClusterSnapshot], Plan]
 

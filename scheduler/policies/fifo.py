@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from scheduler.plan import Placement, Plan
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
-from scheduler.states import JobState
+from scheduler.core.plan import Placement, Plan
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
+from scheduler.core.states import JobState
 
 logger = logging.getLogger(__name__)
 

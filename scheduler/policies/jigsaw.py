@@ -21,7 +21,7 @@ over jobs divided by the GPUs. Each round:
    discounted, not first, it starts ahead of longer queued work, not of short jobs.
    Once no job has been submitted for `pace_after_seconds`, the backlog is all there
    is to finish, and the jobs that cannot finish by the least makespan of all known
-   work (`scheduler.makespan`) at their cheapest size are paced: they go first (after
+   work (`scheduler.core.makespan`) at their cheapest size are paced: they go first (after
    priority and starvation), at the width they need to finish by then (`_paced`);
    only while other jobs wait, since the order and growth then give them the rest.
 2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
@@ -54,7 +54,7 @@ over jobs divided by the GPUs. Each round:
    activation memory host it without slowing the host, whose pace its full workers
    set), then on GPUs whose jobs leave them idle during synchronisation. Sharing a GPU
    costs every job there `interference` and, past the whole GPU, time-slicing (the
-   rule of `scheduler.jobmodel.colocation_factors`); GPU memory is never
+   rule of `scheduler.core.jobmodel.colocation_factors`); GPU memory is never
    over-committed. A guest is placed only when the gain net of what its hosts lose is
    at least `min_gain` GPUs.
 
@@ -78,13 +78,13 @@ from dataclasses import dataclass, field
 
 from jigsaw import spb
 from jigsaw.jobspec import SPBConfig
-from scheduler.jobmodel import Shape, colocation_factors, stretched_step
-from scheduler.makespan import Curve, hull, least_cost, shortest_makespan
-from scheduler.plan import Placement, Plan, Reconfigure
+from scheduler.core.jobmodel import Shape, colocation_factors, stretched_step
+from scheduler.core.makespan import Curve, hull, least_cost, shortest_makespan
+from scheduler.core.plan import Placement, Plan, Reconfigure
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
 from scheduler.policies.fifo import FreePool
 from scheduler.policies.preemptive import candidates
 from scheduler.policies.srtf import remaining_seconds
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
 
 INTERFERENCE = 0.15
 STARVATION_SECONDS = 12 * 3600.0
@@ -425,7 +425,7 @@ def _paced(
     its last job ends. The jobs that cannot finish by then at their cheapest size must
     start now, beside the short ones, not after them (least GPU-time first would start
     them last, and they would end alone on a cluster they cannot use well). "By then"
-    is the least makespan of every known job's remaining work (`scheduler.makespan`, a
+    is the least makespan of every known job's remaining work (`scheduler.core.makespan`, a
     bound no schedule reaches). A paced job runs on the most GPUs (of its sizes) no
     wider than the width it needs on average to finish by then (its least GPU-seconds
     to do so over that time); narrower, it falls behind, and the bound, computed again
@@ -472,7 +472,7 @@ def _paced(
 
 def _curve(job: JobView, per_node: int) -> Curve:
     """The job's (seconds, GPU-seconds) per iteration by size, on the fewest nodes at
-    full backprop, as a lower convex hull (`scheduler.makespan.hull`)."""
+    full backprop, as a lower convex hull (`scheduler.core.makespan.hull`)."""
     assert job.model is not None
     key = ("curve", per_node)
     if key not in job.model.memo:

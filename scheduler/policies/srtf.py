@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from scheduler.plan import Plan
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot, JobView
 from scheduler.policies.preemptive import candidates, run_in_order
-from scheduler.snapshot import ClusterSnapshot, JobView
 
 
 def remaining_seconds(job: JobView) -> float:

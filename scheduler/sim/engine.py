@@ -4,7 +4,7 @@ One round is what the real loop does (`scheduler.loop`): jobs that finished leav
 their GPUs, new jobs queue, the cluster is snapshotted into the same frozen views, the
 same policy function returns a `Plan`, and the plan is applied in the loop's order
 (suspend and stop, reconfigure, start) under the same state machine
-(`scheduler.states.can_transition`). What differs is the store: jobs and GPUs live in
+(`scheduler.core.states.can_transition`). What differs is the store: jobs and GPUs live in
 memory here, not in the database, because a replay of 80,000 jobs cannot afford a
 transaction per decision.
 
@@ -25,13 +25,13 @@ from typing import Any
 
 from jigsaw import spb
 from jigsaw.spb import SPBProfile
-from scheduler.jobmodel import JobModel, Shape, colocation_factors, stretched_step
-from scheduler.plan import Plan
+from scheduler.core.jobmodel import JobModel, Shape, colocation_factors, stretched_step
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
+from scheduler.core.states import JobState, can_transition
 from scheduler.policies import Policy
 from scheduler.sim.profiles import memory_per_gpu, profile_for
 from scheduler.sim.trace import MeasuredSpeed, TraceJob
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
-from scheduler.states import JobState, can_transition
 
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 DEFAULT_INTERFERENCE = 0.15
