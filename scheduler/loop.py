@@ -29,6 +29,7 @@ from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.rounds import Decision, RoundResult
 from scheduler.core.snapshot import PREEMPTED_MESSAGE, ClusterSnapshot
 from scheduler.core.states import TERMINAL, IllegalTransition, JobState
+from scheduler.core.validate import validate
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import agents, allocations
@@ -140,7 +141,7 @@ class SchedulerService:
         with transaction(self._factory) as session:
             snapshot = build_snapshot(session, now)
         self._explain_waits(snapshot, now)
-        plan = self._policy(snapshot)
+        plan = self._checked(self._policy(snapshot), snapshot)
         suspended, stopped = self._end_runs(plan, now)
         reconfigured = self._reconfigure(plan.reconfigure, now)
         launched = self._start(plan, snapshot, now)
@@ -376,6 +377,22 @@ class SchedulerService:
         for job_id in changed:
             if reasons.get(job_id):
                 self._decide(rounds.UNPLACEABLE, job_id, reason=reasons[job_id])
+
+    def _checked(self, plan: Plan, snapshot: ClusterSnapshot) -> Plan:
+        """The plan without the items the validator refuses, each logged with its
+        reason and counted as a conflict: one bad item must not cost the round."""
+        checked = validate(plan, snapshot)
+        for rejection in checked.rejected:
+            logger.info(
+                "policy %s: %s of job %d refused: %s",
+                self._policy_name,
+                rejection.action,
+                rejection.job_id,
+                rejection.reason,
+                extra={"job_id": rejection.job_id},
+            )
+            self._conflicts += 1
+        return checked.plan
 
     def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:
         """Suspend and stop what the policy asked, releasing those jobs' GPUs."""
