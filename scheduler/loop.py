@@ -27,8 +27,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from scheduler.core import rounds
 from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.rounds import Decision, RoundResult
-from scheduler.core.snapshot import PREEMPTED_MESSAGE, ClusterSnapshot
-from scheduler.core.states import TERMINAL, IllegalTransition, JobState
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import TERMINAL, IllegalTransition, JobState, SuspendedBy
 from scheduler.core.validate import validate
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
@@ -396,7 +396,7 @@ class SchedulerService:
 
     def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:
         """Suspend and stop what the policy asked, releasing those jobs' GPUs."""
-        suspended = self._end_each(plan.suspend, JobState.SUSPENDED, PREEMPTED_MESSAGE, now)
+        suspended = self._end_each(plan.suspend, JobState.SUSPENDED, "suspended by policy", now)
         for job_id in suspended:
             self._decide(rounds.SUSPEND, job_id)
         self._command(self._dispatcher.suspend, suspended)
@@ -567,7 +567,15 @@ class SchedulerService:
         usable for the other jobs of the round.
         """
         try:
-            transition(session, job, target, actor=ACTOR, message=message)
+            # The loop suspends a job only when its policy says so.
+            transition(
+                session,
+                job,
+                target,
+                actor=ACTOR,
+                message=message,
+                suspended_by=SuspendedBy.POLICY,
+            )
         except IllegalTransition as exc:
             logger.info("skipping job %d this round: %s", job.id, exc, extra={"job_id": job.id})
             self._conflicts += 1

@@ -14,10 +14,6 @@ from typing import Any
 from scheduler.core.jobmodel import JobModel
 from scheduler.core.states import JobState
 
-# The message the loop writes when a policy (not a user) suspends a job: such a job waits
-# to be placed again, whereas a job a user suspended waits for the user.
-PREEMPTED_MESSAGE = "suspended by policy"
-
 # Jobs a policy may act on: waiting for GPUs, or holding them.
 ACTIVE_STATES: tuple[JobState, ...] = (
     JobState.QUEUED,

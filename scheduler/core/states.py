@@ -29,6 +29,15 @@ class JobState(StrEnum):
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 
+
+class SuspendedBy(StrEnum):
+    """Who suspended a SUSPENDED job, which says what it waits for."""
+
+    USER = "user"  # waits for its user to resume it
+    POLICY = "policy"  # waits to be placed again, like a queued job
+    DRAIN = "drain"  # `drain --now`: the loop queues it again once its processes exit
+
+
 # Why each edge exists:
 # SCHEDULED -> QUEUED: the launch could not happen (agent lost before it started).
 # RUNNING -> QUEUED: the job's agent died; it resumes from its checkpoint elsewhere.

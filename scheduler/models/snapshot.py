@@ -11,13 +11,12 @@ from sqlalchemy.orm import Session
 
 from scheduler.core.snapshot import (
     ACTIVE_STATES,
-    PREEMPTED_MESSAGE,
     ClusterSnapshot,
     GPUView,
     JobView,
     NodeView,
 )
-from scheduler.core.states import JobState
+from scheduler.core.states import JobState, SuspendedBy
 from scheduler.models.measured import ActiveJob, job_models
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
 
@@ -111,7 +110,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             spb=dict(spb_of_job.get(job.id) or {}),
             attained_gpu_seconds=attained.get(job.id, 0.0),
             held_since=held_since.get(job.id),
-            preempted=job.state == JobState.SUSPENDED and job.message == PREEMPTED_MESSAGE,
+            preempted=job.state == JobState.SUSPENDED and job.suspended_by == SuspendedBy.POLICY,
             model=models.get(job.id),
         )
         for job in rows

@@ -14,7 +14,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
-from scheduler.core.states import IllegalTransition, JobState, allowed
+from scheduler.core.states import IllegalTransition, JobState, SuspendedBy, allowed
 from scheduler.orm import Event, Job, utcnow
 
 
@@ -27,13 +27,15 @@ def transition(
     message: str = "",
     data: dict[str, Any] | None = None,
     only_from: Collection[JobState] | None = None,
+    suspended_by: SuspendedBy = SuspendedBy.USER,
 ) -> Job:
     """Move `job` to `target`, or raise IllegalTransition; records an Event.
 
     `only_from` narrows the edges this caller may take: a user's resume is SUSPENDED ->
     QUEUED only, although RUNNING -> QUEUED is an edge (the scheduler requeues a job
     whose agent died). The job row is re-read under the compare-and-set, so a stale
-    `job` object from an earlier query cannot overwrite a newer state.
+    `job` object from an earlier query cannot overwrite a newer state. A suspension
+    records who made it (`suspended_by`); leaving SUSPENDED clears it.
     """
     current = JobState(job.state)
     if not allowed(current, target, only_from):
@@ -43,6 +45,10 @@ def transition(
     values: dict[str, Any] = {"state": target.value, "updated_at": now, "pending_reason": None}
     if message:
         values["message"] = message
+    if target is JobState.SUSPENDED:
+        values["suspended_by"] = suspended_by.value
+    elif current is JobState.SUSPENDED:
+        values["suspended_by"] = None
     if target is JobState.RUNNING and job.started_at is None:
         values["started_at"] = now
     if target.terminal:
@@ -59,7 +65,14 @@ def transition(
         fresh = JobState(job.state)
         if allowed(fresh, target, only_from):
             return transition(
-                session, job, target, actor=actor, message=message, data=data, only_from=only_from
+                session,
+                job,
+                target,
+                actor=actor,
+                message=message,
+                data=data,
+                only_from=only_from,
+                suspended_by=suspended_by,
             )
         raise IllegalTransition(job.id, fresh, target, only_from)
     session.add(
