@@ -100,6 +100,16 @@ def record_heartbeats(session: Session, seen: Mapping[int, datetime]) -> None:
         )
 
 
+def registered_agent(session: Session, node_name: str) -> tuple[int, int] | None:
+    """(node id, agent id) of the node of that name, or None when no agent registered it."""
+    row = session.execute(
+        select(Node.id, Agent.id)
+        .join(Agent, Agent.node_id == Node.id)
+        .where(Node.name == node_name)
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
 def set_alive(
     session: Session, agent_ids: Sequence[int], alive: bool, now: datetime | None = None
 ) -> None:
