@@ -114,7 +114,7 @@ def test_illegal_items_are_dropped_with_their_reasons() -> None:
     )
     plan = Plan(
         start=(
-            Placement(1, (11,)),  # suspended by this plan
+            Placement(1, (11,)),  # suspended by this plan: it may move
             Placement(2, (20,)),  # on a dead node
             Placement(4, (11, 11)),  # repeated GPU
             Placement(5, (11,)),  # suspended by its user: waits for them
@@ -124,11 +124,10 @@ def test_illegal_items_are_dropped_with_their_reasons() -> None:
         stop=(3,),  # already ended
     )
     checked = validate(plan, snap)
-    assert checked.plan == Plan(suspend=(1,))
+    assert checked.plan == Plan(start=(Placement(1, (11,)),), suspend=(1,))
     assert [(r.action, r.job_id) for r in checked.rejected] == [
         (SUSPEND, 2),
         (STOP, 3),
-        (START, 1),
         (START, 2),
         (START, 4),
         (START, 5),

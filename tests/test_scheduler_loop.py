@@ -557,7 +557,9 @@ def test_a_plan_item_the_validator_refuses_is_dropped_not_the_round(
     monkeypatch.setitem(POLICIES, "careless", careless)
     add_nodes(factory, {"a": 2})
     placed, refused = add_job(factory, 1), add_job(factory, 1)
-    loop = SchedulerService(factory, SimulatedDispatcher(), SETTINGS, policy_name="careless")
+    loop = SchedulerService(
+        factory, SimulatedDispatcher(iterations_per_second=10), SETTINGS, policy_name="careless"
+    )
 
     result = loop.run_round(T0)
 

@@ -3,11 +3,11 @@ round loop and the simulator alike, in the order both apply a plan (suspend and 
 reconfigure, start), each item against the state the items before it leave.
 
 An item that cannot be applied is dropped with its reason; the rest of the plan stands.
-A start is refused when its job is not waiting (or was suspended by this very plan),
-when its size is not one its model knows, when a GPU is unknown, repeated, or on a dead
-or unschedulable node, and when a GPU that others hold has not the memory for its rank:
-memory is shared only as far as the co-location rule allows (a job alone on a GPU is
-never refused for memory; a job without a model takes a whole GPU).
+A start is refused when its job is not waiting (a job this very plan suspends waits
+again, and may move), when its size is not one its model knows, when a GPU is unknown,
+repeated, or on a dead or unschedulable node, and when a GPU that others hold has not
+the memory for its rank: memory is shared only as far as the co-location rule allows (a
+job alone on a GPU is never refused for memory; a job without a model takes a whole GPU).
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ class _State:
     held: dict[int, tuple[int, ...]]
     config: dict[int, Mapping[str, Any]]
     on_gpu: dict[int, list[int]]
-    suspended: set[int] = field(default_factory=set)  # by this plan
     rejected: list[Rejection] = field(default_factory=list)
 
     @classmethod
@@ -106,7 +105,6 @@ class _State:
         self._release(job_id)
         self.states[job_id] = JobState.SUSPENDED
         self.preempted.add(job_id)
-        self.suspended.add(job_id)
         return True
 
     def stop(self, job_id: int) -> bool:
@@ -148,8 +146,6 @@ class _State:
         )
         if not waiting or not can_transition(current, JobState.SCHEDULED):
             return f"not waiting ({current})"
-        if job_id in self.suspended:
-            return "suspended by this plan"
         if job.model is not None and len(gpu_ids) not in job.model.steps:
             return f"no model of it on {len(gpu_ids)} GPU(s)"
         if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
