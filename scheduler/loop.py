@@ -474,12 +474,13 @@ class SchedulerService:
                 )
                 for rank, gpu_id in enumerate(placement.gpu_ids)
             )
-            attempt = self._allocate(placement, workers, now)
-            if attempt is None:
+            allocated = self._allocate(placement, workers, now)
+            if allocated is None:
                 continue
+            attempt, spec = allocated
             launch = Launch(
                 job_id=job.id,
-                spec=job.spec,
+                spec=spec,
                 workers=workers,
                 spb=placement.spb,
                 start_iteration=job.iterations_done,
@@ -515,9 +516,9 @@ class SchedulerService:
 
     def _allocate(
         self, placement: Placement, workers: tuple[Worker, ...], now: datetime
-    ) -> int | None:
+    ) -> tuple[int, dict[str, Any]] | None:
         """QUEUED -> SCHEDULED with its allocations and a decision event, atomically;
-        the placement's attempt, or None when the job could not be placed.
+        the placement's attempt and the job's spec, or None when it could not be placed.
 
         The attempt is counted here, before the launch is sent, so that no two launches
         that reached an agent ever carry the same one. Refused when a node was drained
@@ -551,7 +552,7 @@ class SchedulerService:
                 lease_iterations=self._settings.lease_iterations,
                 attempt=attempt,
             )
-        return attempt
+        return attempt, dict(job.spec)
 
     # -- helpers --------------------------------------------------------------------
 

@@ -51,7 +51,6 @@ def job(
         priority=0,
         workers=1,
         created_at=T0,
-        spec={},
         allocated_gpu_ids=gpus,
         preempted=preempted,
         model=None if memory_gib is None else model(memory_gib),

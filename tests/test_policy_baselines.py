@@ -59,7 +59,6 @@ def job(
         priority=priority,
         workers=workers,
         created_at=T0 + timedelta(seconds=job_id),
-        spec={"workers": workers},
         allocated_gpu_ids=gpus,
         attained_gpu_seconds=attained,
         held_since=None if held_for is None else T0 + timedelta(hours=1, seconds=-held_for),
@@ -146,12 +145,9 @@ def test_tiresias_resumes_a_preempted_job_but_not_one_a_user_suspended() -> None
         priority=0,
         workers=1,
         created_at=T0,
-        spec={},
         preempted=True,
     )
-    user_paused = JobView(
-        id=2, state=JobState.SUSPENDED, priority=0, workers=1, created_at=T0, spec={}
-    )
+    user_paused = JobView(id=2, state=JobState.SUSPENDED, priority=0, workers=1, created_at=T0)
     plan = tiresias.schedule(snap(nodes(1, 2), preempted, user_paused))
     assert [p.job_id for p in plan.start] == [1]
 

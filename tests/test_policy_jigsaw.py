@@ -83,7 +83,6 @@ def job(
         priority=0,
         workers=workers,
         created_at=NOW - timedelta(seconds=arrived),
-        spec={"workers": workers},
         allocated_gpu_ids=gpus,
         spb=spb or {},
         attained_gpu_seconds=workers * arrived if gpus else 0.0,
@@ -368,15 +367,12 @@ def test_a_spec_that_fixes_spb_or_turns_it_off_is_never_changed() -> None:
     heavy = model(2, 1000, step=2.0, sync=1.5, spb=profile(bottom_parameters=1 << 28))
     light = model(2, 1000, step=2.0, sync=0.0, spb=profile())
     running = {"state": JobState.RUNNING, "gpus": (100, 101)}
-    off = replace(job(1, 2, heavy, **running), spec={"workers": 2, "spb": "off"})
-    fixed = replace(
-        job(1, 2, light, spb=as_json(HALF), **running),
-        spec={"workers": 2, "spb": as_json(HALF)},
-    )
+    off = replace(job(1, 2, heavy, **running), spb_setting="off")
+    fixed = replace(job(1, 2, light, spb=as_json(HALF), **running), spb_setting=HALF)
     for held in (off, fixed):
         assert jigsaw.schedule(snap(nodes(1, 2), held)).reconfigure == ()
     # The same jobs left to the policy are switched.
-    auto = replace(off, spec={"workers": 2, "spb": "auto"})
+    auto = replace(off, spb_setting="auto")
     assert jigsaw.schedule(snap(nodes(1, 2), auto)).reconfigure == (Reconfigure(1, as_json(HALF)),)
-    chosen = replace(fixed, spec={"workers": 2, "spb": "auto"})
+    chosen = replace(fixed, spb_setting="auto")
     assert jigsaw.schedule(snap(nodes(1, 2), chosen)).reconfigure == (Reconfigure(1, {}),)

@@ -11,6 +11,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from jigsaw.jobspec import SPBSetting
 from scheduler.core.jobmodel import JobModel
 from scheduler.core.states import JobState
 
@@ -60,7 +61,6 @@ class JobView:
     priority: int
     workers: int
     created_at: datetime
-    spec: dict[str, Any]  # the submitted JobSpec as JSON; policies must not mutate it
     allocated_gpu_ids: tuple[int, ...] = ()  # ordered by rank
     iterations_done: int = 0
     # The SPB configuration of its current hold (`{}`: off, or holding no GPUs).
@@ -69,6 +69,10 @@ class JobView:
     held_since: datetime | None = None  # when its current hold began (None: holds none)
     preempted: bool = False  # SUSPENDED by a policy: waiting to be placed again
     model: JobModel | None = None  # what is known of its speed (None: nothing)
+    # Its spec's SPB setting: off, a fixed configuration, or auto (the policy chooses;
+    # the simulator's traces carry no setting and leave it to the policy).
+    spb_setting: SPBSetting = "auto"
+    max_iterations: int | None = None  # its spec's (None: it ends at a target metric)
 
     @cached_property
     def waiting(self) -> bool:

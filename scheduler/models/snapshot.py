@@ -6,9 +6,11 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from pydantic import TypeAdapter
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from jigsaw.jobspec import SPBSetting
 from scheduler.core.snapshot import (
     ACTIVE_STATES,
     ClusterSnapshot,
@@ -19,6 +21,9 @@ from scheduler.core.snapshot import (
 from scheduler.core.states import JobState, SuspendedBy
 from scheduler.models.measured import ActiveJob, job_models
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
+
+# A stored spec was validated at submission: only its SPB setting is parsed again.
+_SPB_SETTING: TypeAdapter[SPBSetting] = TypeAdapter(SPBSetting)
 
 
 def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
@@ -104,7 +109,6 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             priority=job.priority,
             workers=job.workers,
             created_at=job.created_at,
-            spec=job.spec,
             allocated_gpu_ids=tuple(held_by_job.get(job.id, ())),
             iterations_done=job.iterations_done,
             spb=dict(spb_of_job.get(job.id) or {}),
@@ -112,6 +116,8 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             held_since=held_since.get(job.id),
             preempted=job.state == JobState.SUSPENDED and job.suspended_by == SuspendedBy.POLICY,
             model=models.get(job.id),
+            spb_setting=_SPB_SETTING.validate_python(job.spec.get("spb", "off")),
+            max_iterations=job.spec.get("max_iterations"),
         )
         for job in rows
     )

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from jigsaw import spb
 from scheduler.core.plan import Placement, Plan
 from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
 from scheduler.core.states import JobState
@@ -161,5 +162,4 @@ def _node_key(gpus: Sequence[GPUView]) -> tuple[str, int]:
 
 def spb_of(job: JobView) -> dict[str, Any]:
     # A fixed SPB configuration passes through; "auto" awaits the SPB planner, "off" is {}.
-    spb = job.spec.get("spb")
-    return dict(spb) if isinstance(spb, dict) else {}
+    return spb.as_json(spb.resolve(job.spb_setting))

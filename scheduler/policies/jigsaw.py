@@ -359,13 +359,13 @@ def _chooses_spb(job: JobView) -> bool:
     """Whether the policy may choose the job's SPB configuration: only when its spec
     leaves it to the scheduler (`auto`; the simulator's traces carry no setting and are
     all left to it)."""
-    return job.spec.get("spb", "auto") == "auto"
+    return job.spb_setting == "auto"
 
 
 def _own_config(job: JobView) -> SPBConfig | None:
     """The configuration the job runs at unless the policy chooses one: its spec's fixed
     configuration, else off."""
-    return spb.resolve(job.spec.get("spb"))
+    return spb.resolve(job.spb_setting)
 
 
 def _order(

@@ -19,10 +19,9 @@ def remaining_seconds(job: JobView) -> float:
     if job.model is not None:
         left = max(job.model.iterations_total - job.iterations_done, 0)
         return left * job.model.alone_step_seconds
-    target = job.spec.get("max_iterations")
-    if target is None:
+    if job.max_iterations is None:
         return math.inf
-    return float(max(int(target) - job.iterations_done, 0))
+    return float(max(job.max_iterations - job.iterations_done, 0))
 
 
 def schedule(snapshot: ClusterSnapshot) -> Plan:

@@ -245,7 +245,6 @@ class Simulator:
             priority=record.trace.priority,
             workers=record.trace.workers,
             created_at=EPOCH + timedelta(seconds=record.submit),
-            spec={"workers": record.trace.workers, "max_iterations": record.trace.iterations},
             allocated_gpu_ids=record.gpus,
             iterations_done=int(record.progress),
             spb=record.config,
@@ -255,6 +254,7 @@ class Simulator:
             else EPOCH + timedelta(seconds=record.held_since),
             preempted=record.preempted,
             model=record.model,
+            max_iterations=record.trace.iterations,
         )
         if record.state is not JobState.RUNNING:
             self._views[record.id] = view
