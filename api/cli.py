@@ -40,8 +40,8 @@ from api.credentials import resolve
 from api.simulate import simulate
 from api.specfile import SpecFileError, read_spec_file
 from jigsaw.jobspec import Hyperparameters, JobSpec, TargetMetric, checked_workload
+from scheduler.core.states import JobState
 from scheduler.settings import Settings
-from scheduler.states import JobState
 
 app = typer.Typer(
     name="jigsaw",

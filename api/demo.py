@@ -28,7 +28,7 @@ from rich.table import Table
 from api.client import ApiError, JigsawClient
 from api.credentials import Credentials, load_credentials
 from api.server import free_port
-from scheduler.states import TERMINAL
+from scheduler.core.states import TERMINAL
 
 AGENTS = 2
 GPUS_PER_AGENT = 2

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from scheduler.states import IllegalTransition
+from scheduler.core.states import IllegalTransition
 
 logger = logging.getLogger(__name__)
 

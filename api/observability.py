@@ -28,11 +28,11 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from scheduler.core.states import JobState
 from scheduler.db import transaction
 from scheduler.models.cluster import capacity
 from scheduler.models.efficiency import cluster_efficiency
 from scheduler.models.jobs import count_by_state
-from scheduler.states import JobState
 from scheduler.telemetry import SchedulerTelemetry
 
 logger = logging.getLogger(__name__)

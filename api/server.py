@@ -28,14 +28,12 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from datetime import datetime
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import filelock
 import uvicorn
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.credentials import (
@@ -50,10 +48,13 @@ from api.credentials import (
 )
 from api.logs import configure_logging
 from jigsaw.gpus import GpuSlot
+from scheduler.core.states import IllegalTransition, JobState
 from scheduler.db import engine_from_settings, session_factory, transaction
 from scheduler.dispatch import Dispatcher
 from scheduler.migrate import upgrade
-from scheduler.models.agents import register
+from scheduler.models import allocations
+from scheduler.models.agents import register, set_alive
+from scheduler.models.states import transition
 from scheduler.models.users import (
     AGENT_SCOPE,
     USER_SCOPE,
@@ -62,9 +63,8 @@ from scheduler.models.users import (
     get_or_create_user,
     issue_token,
 )
-from scheduler.orm import GPU, Agent, Allocation, Job, utcnow
+from scheduler.orm import utcnow
 from scheduler.settings import Settings
-from scheduler.states import IllegalTransition, JobState, transition
 
 if TYPE_CHECKING:
     from scheduler.telemetry import SchedulerTelemetry
@@ -187,23 +187,10 @@ def requeue_virtual_jobs(factory: sessionmaker[Session], reason: str) -> list[in
     """
     now = utcnow()
     with transaction(factory) as session:
-        job_ids = set(
-            session.scalars(
-                select(Allocation.job_id)
-                .join(GPU, GPU.id == Allocation.gpu_id)
-                .where(GPU.virtual.is_(True), Allocation.released_at.is_(None))
-            )
-        )
-        if not job_ids:
-            return []
-        session.execute(
-            update(Allocation)
-            .where(Allocation.job_id.in_(job_ids), Allocation.released_at.is_(None))
-            .values(released_at=now)
-            .execution_options(synchronize_session=False)
-        )
+        jobs = allocations.virtual_holders(session)
+        allocations.release(session, [job.id for job in jobs], now)
         requeued = []
-        for job in session.scalars(select(Job).where(Job.id.in_(job_ids))):
+        for job in jobs:
             if job.state not in (JobState.SCHEDULED, JobState.RUNNING):
                 continue
             try:
@@ -216,15 +203,6 @@ def requeue_virtual_jobs(factory: sessionmaker[Session], reason: str) -> list[in
     return requeued
 
 
-def _heartbeat(agent_ids: Sequence[int], alive: bool, now: datetime | None = None) -> Any:
-    return (
-        update(Agent)
-        .where(Agent.id.in_(list(agent_ids)))
-        .values(alive=alive, last_heartbeat_at=now or utcnow())
-        .execution_options(synchronize_session=False)
-    )
-
-
 def heartbeat_forever(
     factory: sessionmaker[Session],
     agent_ids: Sequence[int],
@@ -235,19 +213,14 @@ def heartbeat_forever(
     while not stop.wait(interval):
         try:
             with transaction(factory) as session:
-                session.execute(_heartbeat(agent_ids, alive=True))
+                set_alive(session, agent_ids, alive=True)
         except Exception:
             logger.exception("simulated heartbeat failed; retrying")
 
 
 def mark_agents_dead(factory: sessionmaker[Session], agent_ids: Sequence[int]) -> None:
     with transaction(factory) as session:
-        session.execute(
-            update(Agent)
-            .where(Agent.id.in_(list(agent_ids)))
-            .values(alive=False)
-            .execution_options(synchronize_session=False)
-        )
+        set_alive(session, agent_ids, alive=False)
 
 
 # -- the process ----------------------------------------------------------------------

@@ -22,8 +22,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from scheduler.jobmodel import INTERFERENCE
-from scheduler.makespan import makespan_lower_bound
+from scheduler.core.jobmodel import INTERFERENCE
+from scheduler.core.makespan import makespan_lower_bound
 from scheduler.policies import POLICIES, get_policy, policy_params
 from scheduler.policies.jigsaw.params import CONFIGS
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator

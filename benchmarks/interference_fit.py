@@ -63,7 +63,7 @@ from benchmarks.interference_data import (
     solo_utilization,
 )
 from scheduler.core.interference import PARAMETERS_FILE, InterferenceModel, Sharing
-from scheduler.jobmodel import colocation_factors
+from scheduler.core.jobmodel import colocation_factors
 
 SATURATION_EXPONENT = 50.0
 EXPONENT_BOUNDS = (0.05, 60.0)

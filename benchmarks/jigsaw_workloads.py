@@ -10,7 +10,7 @@ submissions stop, SPB and packing), all in the same run. `batch_jct_change` is t
 average JCT of the time-0 run against Tiresias's: what a batch's users pay for its
 efficiency (pacing starts the long jobs beside the short ones, which then wait longer).
 `ideal_efficiency_change` is what the
-least makespan any schedule could reach (`scheduler.makespan`, a relaxation that knows
+least makespan any schedule could reach (`scheduler.core.makespan`, a relaxation that knows
 every job's length and resizes for free) would gain over Tiresias: the headroom.
 Targets (median over workloads): average JCT -25% or better, efficiency +28% or better.
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks.harness import add_output_options, emit
 from jigsaw.spb import SPBProfile
-from scheduler.makespan import makespan_lower_bound
+from scheduler.core.makespan import makespan_lower_bound
 from scheduler.policies import Policy, jigsaw, tiresias
 from scheduler.policies.jigsaw import JigsawParams
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import add_output_options, emit
-from scheduler.plan import Plan
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.policies import Policy, get_policy
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.trace import TraceJob, load_workload
-from scheduler.snapshot import ClusterSnapshot
 
 WORKLOAD = Path(__file__).resolve().parents[2] / "shared/traces/pollux/workloads/workload-6.csv"
 CASES = (("16x4", 160, 20.0), ("2048x4", 10_000, 1000.0))

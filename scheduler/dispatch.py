@@ -22,6 +22,7 @@ class Worker:
     node_id: int
     node_name: str
     gpu_index: int
+    node_address: str = ""  # where peers on other nodes reach its node (rendezvous)
 
 
 @dataclass(frozen=True)

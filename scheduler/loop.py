@@ -22,22 +22,25 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from scheduler import rounds
+from scheduler.core import rounds
+from scheduler.core.plan import Placement, Plan, Reconfigure
+from scheduler.core.rounds import Decision, RoundResult
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import TERMINAL, IllegalTransition, JobState, SuspendedBy
+from scheduler.core.validate import validate
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
+from scheduler.models import agents, allocations
 from scheduler.models import jobs as job_models
-from scheduler.models.nodes import DRAINED_MESSAGE, on_drained_node
+from scheduler.models.nodes import drain_suspended, on_drained_node
 from scheduler.models.rounds import prune_rounds, record_round
-from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
-from scheduler.plan import Placement, Plan, Reconfigure
+from scheduler.models.snapshot import build_snapshot
+from scheduler.models.states import transition
+from scheduler.orm import Job, utcnow
 from scheduler.policies import get_policy
-from scheduler.rounds import Decision, RoundResult
 from scheduler.settings import SchedulerSettings
-from scheduler.snapshot import PREEMPTED_MESSAGE, ClusterSnapshot, build_snapshot
-from scheduler.states import TERMINAL, IllegalTransition, JobState, transition
 from scheduler.telemetry import SchedulerTelemetry
 
 logger = logging.getLogger(__name__)
@@ -138,7 +141,7 @@ class SchedulerService:
         with transaction(self._factory) as session:
             snapshot = build_snapshot(session, now)
         self._explain_waits(snapshot, now)
-        plan = self._policy(snapshot)
+        plan = self._checked(self._policy(snapshot), snapshot)
         suspended, stopped = self._end_runs(plan, now)
         reconfigured = self._reconfigure(plan.reconfigure, now)
         launched = self._start(plan, snapshot, now)
@@ -201,12 +204,7 @@ class SchedulerService:
     def _apply_in_transaction(self, reports: list[Report], now: datetime) -> list[int]:
         ended: list[int] = []
         with transaction(self._factory) as session:
-            jobs = {
-                job.id: job
-                for job in session.scalars(
-                    select(Job).where(Job.id.in_({report.job_id for report in reports}))
-                )
-            }
+            jobs = job_models.by_id(session, (report.job_id for report in reports))
             for report in reports:
                 job = jobs.get(report.job_id)
                 # Reports of jobs no longer running (cancelled, requeued) are stale; so are
@@ -218,7 +216,7 @@ class SchedulerService:
                     job.metrics = dict(report.metrics)
                 if self._end(session, job, report):
                     ended.append(job.id)
-            _release(session, ended, now)
+            allocations.release(session, ended, now)
         return ended
 
     def _end(self, session: Session, job: Job, report: Report) -> bool:
@@ -250,43 +248,14 @@ class SchedulerService:
     def _expire_agents(self, now: datetime) -> tuple[int, int]:
         cutoff = now - timedelta(seconds=self._settings.agent_timeout_seconds)
         with transaction(self._factory) as session:
-            lost = session.scalars(
-                select(Agent).where(Agent.alive.is_(True), Agent.last_heartbeat_at < cutoff)
-            ).all()
+            lost = agents.expire(session, cutoff, actor=ACTOR)
             if not lost:
                 return 0, 0
-            names = {
-                node_id: name
-                for node_id, name in session.execute(
-                    select(Node.id, Node.name).where(Node.id.in_([a.node_id for a in lost]))
-                )
-            }
-            lost_names = list(names.values())
             for agent in lost:
-                agent.alive = False
-                self._decide(
-                    rounds.AGENT_LOST, None, agent_id=agent.id, node=names.get(agent.node_id)
-                )
-                session.add(
-                    Event(
-                        kind="agent_lost",
-                        actor=ACTOR,
-                        message=f"no heartbeat since {agent.last_heartbeat_at.isoformat()}",
-                        data={"agent_id": agent.id, "node_id": agent.node_id},
-                    )
-                )
-            # A subquery, not DISTINCT over jobs: PostgreSQL cannot compare JSON columns.
-            holding = (
-                select(Allocation.job_id)
-                .join(GPU, GPU.id == Allocation.gpu_id)
-                .where(
-                    GPU.node_id.in_([agent.node_id for agent in lost]),
-                    Allocation.released_at.is_(None),
-                )
-            )
-            jobs = session.scalars(select(Job).where(Job.id.in_(holding))).all()
+                self._decide(rounds.AGENT_LOST, None, agent_id=agent.agent_id, node=agent.node_name)
+            jobs = allocations.holders_on_nodes(session, [agent.node_id for agent in lost])
             # The whole gang stops, not only the ranks on the lost node.
-            _release(session, [job.id for job in jobs], now)
+            allocations.release(session, [job.id for job in jobs], now)
             requeued = [
                 job.id
                 for job in jobs
@@ -299,11 +268,12 @@ class SchedulerService:
                 "agents lost on nodes %s; requeued jobs %s",
                 [agent.node_id for agent in lost],
                 requeued,
-                extra={"agent_ids": [agent.id for agent in lost]},
+                extra={"agent_ids": [agent.agent_id for agent in lost]},
             )
         # Only after the commit: a dispatcher must never act on a decision that rolled back.
-        for name in lost_names:
-            self._dispatcher.node_lost(name)
+        for agent in lost:
+            if agent.node_name is not None:
+                self._dispatcher.node_lost(agent.node_name)
         self._command(self._dispatcher.stop, [job.id for job in jobs])
         return len(lost), len(requeued)
 
@@ -312,16 +282,8 @@ class SchedulerService:
     def _release_ended(self, now: datetime) -> int:
         """Free the GPUs of jobs that ended or were suspended outside the loop (the API)."""
         with transaction(self._factory) as session:
-            ended = session.scalars(
-                select(Allocation.job_id)
-                .join(Job, Job.id == Allocation.job_id)
-                .where(
-                    Allocation.released_at.is_(None),
-                    Job.state.in_([state.value for state in _RELEASED]),
-                )
-                .distinct()
-            ).all()
-            _release(session, ended, now)
+            ended = allocations.held_in(session, _RELEASED)
+            allocations.release(session, ended, now)
         for job_id in ended:
             self._decide(rounds.RELEASE, job_id)
         return len(ended)
@@ -340,39 +302,26 @@ class SchedulerService:
         active = self._dispatcher.active()
         connected = self._dispatcher.connected()
         with transaction(self._factory) as session:
-            placed: dict[int, set[str]] = {}
-            for job_id, node_name in session.execute(
-                select(Allocation.job_id, Node.name)
-                .join(GPU, GPU.id == Allocation.gpu_id)
-                .join(Node, Node.id == GPU.node_id)
-                .where(
-                    Allocation.released_at.is_(None),
-                    Allocation.job_id.in_(active) | Node.name.in_(connected),
-                )
-            ):
-                placed.setdefault(job_id, set()).add(node_name)
-            states = dict(
-                session.execute(
-                    select(Job.id, Job.state).where(Job.id.in_(set(active) | set(placed)))
-                ).all()
-            )
+            placed = allocations.placed_nodes(session, active, connected)
+            states = job_models.states(session, set(active) | set(placed))
             orphans = [
                 job_id
                 for job_id, nodes in placed.items()
                 if states.get(job_id) == JobState.RUNNING
                 and any(node in connected and node not in active.get(job_id, ()) for node in nodes)
             ]
+            orphan_jobs = job_models.by_id(session, orphans)
             lost = [
                 job_id
                 for job_id in orphans
                 if self._transition(
                     session,
-                    session.get_one(Job, job_id),
+                    orphan_jobs[job_id],
                     JobState.QUEUED,
                     "its processes are gone (agent restarted)",
                 )
             ]
-            _release(session, lost, now)
+            allocations.release(session, lost, now)
         for job_id in lost:
             self._decide(rounds.REQUEUE, job_id, reason="processes gone")
         self._command(self._dispatcher.stop, lost)
@@ -400,9 +349,7 @@ class SchedulerService:
         (off the drained node) and continue from the checkpoint."""
         active = self._dispatcher.active()
         with transaction(self._factory) as session:
-            drained = session.scalars(
-                select(Job).where(Job.state == JobState.SUSPENDED, Job.message == DRAINED_MESSAGE)
-            ).all()
+            drained = drain_suspended(session)
             requeued = [
                 job.id
                 for job in drained
@@ -431,9 +378,25 @@ class SchedulerService:
             if reasons.get(job_id):
                 self._decide(rounds.UNPLACEABLE, job_id, reason=reasons[job_id])
 
+    def _checked(self, plan: Plan, snapshot: ClusterSnapshot) -> Plan:
+        """The plan without the items the validator refuses, each logged with its
+        reason and counted as a conflict: one bad item must not cost the round."""
+        checked = validate(plan, snapshot)
+        for rejection in checked.rejected:
+            logger.info(
+                "policy %s: %s of job %d refused: %s",
+                self._policy_name,
+                rejection.action,
+                rejection.job_id,
+                rejection.reason,
+                extra={"job_id": rejection.job_id},
+            )
+            self._conflicts += 1
+        return checked.plan
+
     def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:
         """Suspend and stop what the policy asked, releasing those jobs' GPUs."""
-        suspended = self._end_each(plan.suspend, JobState.SUSPENDED, PREEMPTED_MESSAGE, now)
+        suspended = self._end_each(plan.suspend, JobState.SUSPENDED, "suspended by policy", now)
         for job_id in suspended:
             self._decide(rounds.SUSPEND, job_id)
         self._command(self._dispatcher.suspend, suspended)
@@ -449,9 +412,9 @@ class SchedulerService:
         done = []
         for job_id in job_ids:
             with transaction(self._factory) as session:
-                job = session.get(Job, job_id)
+                job = job_models.get(session, job_id)
                 if job is not None and self._transition(session, job, target, message):
-                    _release(session, [job_id], now)
+                    allocations.release(session, [job_id], now)
                     done.append(job_id)
         return done
 
@@ -466,37 +429,19 @@ class SchedulerService:
         done = 0
         for change in changes:
             with transaction(self._factory) as session:
-                job = session.get(Job, change.job_id)
-                held = session.scalars(
-                    select(Allocation).where(
-                        Allocation.job_id == change.job_id, Allocation.released_at.is_(None)
+                job = job_models.get(session, change.job_id)
+                try:
+                    if job is None or job.state != JobState.RUNNING:
+                        raise LookupError(f"job {change.job_id} is not running")
+                    version = allocations.reconfigure(
+                        session, job, change.spb, actor=ACTOR, policy=self._policy_name, now=now
                     )
-                ).all()
-                if job is None or job.state != JobState.RUNNING or not held:
+                except LookupError:
                     logger.info("not reconfiguring job %d: not running", change.job_id)
                     self._conflicts += 1
                     continue
-                if all(allocation.spb == change.spb for allocation in held):
+                if version is None:
                     continue
-                version = max(allocation.config_version for allocation in held) + 1
-                for allocation in held:
-                    allocation.spb = dict(change.spb)
-                    allocation.config_version = version
-                session.add(
-                    Event(
-                        job_id=job.id,
-                        kind="reconfigure",
-                        actor=ACTOR,
-                        message=f"SPB {change.spb or 'off'} from iteration {job.iterations_done}",
-                        data={
-                            "policy": self._policy_name,
-                            "spb": change.spb,
-                            "config_version": version,
-                            "iteration": job.iterations_done,
-                        },
-                        created_at=now,
-                    )
-                )
             self._decide(
                 rounds.RECONFIGURE,
                 change.job_id,
@@ -513,22 +458,29 @@ class SchedulerService:
 
     def _start(self, plan: Plan, snapshot: ClusterSnapshot, now: datetime) -> int:
         gpus = snapshot.gpus_by_id()
+        addresses = {node.id: node.address for node in snapshot.nodes}
         jobs = {job.id: job for job in snapshot.jobs}
         running = 0
         for placement in plan.start:
             job = jobs[placement.job_id]
             workers = tuple(
                 Worker(
-                    rank, gpu_id, gpus[gpu_id].node_id, gpus[gpu_id].node_name, gpus[gpu_id].index
+                    rank,
+                    gpu_id,
+                    gpus[gpu_id].node_id,
+                    gpus[gpu_id].node_name,
+                    gpus[gpu_id].index,
+                    addresses[gpus[gpu_id].node_id],
                 )
                 for rank, gpu_id in enumerate(placement.gpu_ids)
             )
-            attempt = self._allocate(placement, workers, now)
-            if attempt is None:
+            allocated = self._allocate(placement, workers, now)
+            if allocated is None:
                 continue
+            attempt, spec = allocated
             launch = Launch(
                 job_id=job.id,
-                spec=job.spec,
+                spec=spec,
                 workers=workers,
                 spb=placement.spb,
                 start_iteration=job.iterations_done,
@@ -548,7 +500,7 @@ class SchedulerService:
             )
             acknowledged = False
         with transaction(self._factory) as session:
-            job = session.get(Job, launch.job_id)
+            job = job_models.get(session, launch.job_id)
             if job is None:  # deleted meanwhile; its allocations went with it
                 return False
             if acknowledged:
@@ -558,15 +510,15 @@ class SchedulerService:
                 # agent knows this attempt, so the next placement may carry it.
                 job.attempts -= 1
             if self._transition(session, job, JobState.QUEUED, "launch refused"):
-                _release(session, [job.id], now)
+                allocations.release(session, [job.id], now)
                 self._decide(rounds.LAUNCH_REFUSED, job.id)
             return False
 
     def _allocate(
         self, placement: Placement, workers: tuple[Worker, ...], now: datetime
-    ) -> int | None:
+    ) -> tuple[int, dict[str, Any]] | None:
         """QUEUED -> SCHEDULED with its allocations and a decision event, atomically;
-        the placement's attempt, or None when the job could not be placed.
+        the placement's attempt and the job's spec, or None when it could not be placed.
 
         The attempt is counted here, before the launch is sent, so that no two launches
         that reached an agent ever carry the same one. Refused when a node was drained
@@ -576,39 +528,19 @@ class SchedulerService:
             if on_drained_node(session, list(placement.gpu_ids)):
                 self._conflicts += 1
                 return None
-            job = session.get(Job, placement.job_id)
+            job = job_models.get(session, placement.job_id)
             if job is None or not self._transition(
                 session, job, JobState.SCHEDULED, f"placed by {self._policy_name}"
             ):
                 return None
-            job.attempts += 1
-            attempt = job.attempts
-            session.add_all(
-                Allocation(
-                    job_id=job.id,
-                    gpu_id=gpu_id,
-                    rank=rank,
-                    spb=placement.spb,
-                    lease_start_iteration=job.iterations_done,
-                    lease_iterations=self._settings.lease_iterations,
-                    attempt=attempt,
-                    created_at=now,
-                )
-                for rank, gpu_id in enumerate(placement.gpu_ids)
+            lease = allocations.Lease(
+                placement.gpu_ids,
+                tuple(worker.node_name for worker in workers),
+                placement.spb,
+                self._settings.lease_iterations,
             )
-            session.add(
-                Event(
-                    job_id=job.id,
-                    kind="decision",
-                    actor=ACTOR,
-                    message=f"{len(workers)} GPU(s) on {sorted({w.node_name for w in workers})}",
-                    data={
-                        "policy": self._policy_name,
-                        "gpu_ids": list(placement.gpu_ids),
-                        "nodes": [worker.node_name for worker in workers],
-                        "spb": placement.spb,
-                    },
-                )
+            attempt = allocations.lease(
+                session, job, lease, actor=ACTOR, policy=self._policy_name, now=now
             )
             self._decide(
                 rounds.LEASE,
@@ -620,7 +552,7 @@ class SchedulerService:
                 lease_iterations=self._settings.lease_iterations,
                 attempt=attempt,
             )
-        return attempt
+        return attempt, dict(job.spec)
 
     # -- helpers --------------------------------------------------------------------
 
@@ -636,7 +568,15 @@ class SchedulerService:
         usable for the other jobs of the round.
         """
         try:
-            transition(session, job, target, actor=ACTOR, message=message)
+            # The loop suspends a job only when its policy says so.
+            transition(
+                session,
+                job,
+                target,
+                actor=ACTOR,
+                message=message,
+                suspended_by=SuspendedBy.POLICY,
+            )
         except IllegalTransition as exc:
             logger.info("skipping job %d this round: %s", job.id, exc, extra={"job_id": job.id})
             self._conflicts += 1
@@ -670,15 +610,3 @@ def _clip(message: str) -> str:
         return message
     head = _MESSAGE_CHARS // 10
     return f"{message[:head]} ... {message[-(_MESSAGE_CHARS - head - 5) :]}"
-
-
-def _release(session: Session, job_ids: Iterable[int], now: datetime) -> None:
-    """End every active allocation of these jobs."""
-    ids = list(job_ids)
-    if ids:
-        session.execute(
-            update(Allocation)
-            .where(Allocation.job_id.in_(ids), Allocation.released_at.is_(None))
-            .values(released_at=now)
-            .execution_options(synchronize_session=False)
-        )

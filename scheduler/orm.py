@@ -171,6 +171,8 @@ class Job(Base):
     # Why a waiting job cannot be placed (no capacity of the cluster can hold it), set by
     # the scheduler loop each round; NULL otherwise. Every transition clears it.
     pending_reason: Mapped[str | None] = mapped_column(String(255), default=None)
+    # Who suspended a SUSPENDED job (scheduler.core.states.SuspendedBy); NULL otherwise.
+    suspended_by: Mapped[str | None] = mapped_column(String(16), default=None)
     # Placements so far, each the fence (`attempt`) of the run it starts.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # Crashes of its training processes so far; retried while below spec.max_retries.
@@ -268,7 +270,7 @@ class SchedulerRound(Base):
 
     `counts` holds the round's tallies (scheduler.loop.RoundResult); `decisions` is a
     list of `{"kind": ..., "job_id": ..., <details>}` objects, one per decision, in the
-    order the loop made them (scheduler.rounds.Decision). Only recent rounds are kept
+    order the loop made them (scheduler.core.rounds.Decision). Only recent rounds are kept
     (JIGSAW_SCHEDULER_ROUNDS_KEPT); the audit trail of each job stays in `events`.
     """
 

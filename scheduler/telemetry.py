@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from scheduler.rounds import RoundResult
+from scheduler.core.rounds import RoundResult
 
 # Rounds take milliseconds on a small cluster and up to seconds on a very large one.
 ROUND_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -20,15 +20,15 @@ from sqlalchemy import Engine, select
 
 from jigsaw.jobspec import JobSpec
 from jigsaw.proto.v2 import agent_pb2 as pb
-from scheduler import rounds
+from scheduler.core import rounds
+from scheduler.core.rounds import RoundResult
+from scheduler.core.states import JobState
 from scheduler.db import transaction
 from scheduler.loop import SchedulerService
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Agent, IterationMetric, Job, JobLog, ModelProfile, Node
-from scheduler.rounds import RoundResult
 from scheduler.settings import SchedulerSettings
-from scheduler.states import JobState
 from tests.agent_endpoint import Endpoint, agent_endpoint
 from tests.test_agent_protocol import (
     INSTANCE,

@@ -160,7 +160,7 @@ def add_job(endpoint: Endpoint) -> int:
 def launch(endpoint: Endpoint, job_id: int, start_iteration: int = 0, attempt: int = 1) -> Launch:
     with endpoint.factory() as session:
         spec = session.get_one(Job, job_id).spec
-    workers = tuple(Worker(rank, 0, 0, "node-a", rank) for rank in range(2))
+    workers = tuple(Worker(rank, 0, 0, "node-a", rank, "127.0.0.1") for rank in range(2))
     return Launch(job_id, spec, workers, {}, start_iteration, 50, attempt)
 
 

@@ -15,12 +15,12 @@ import httpx
 import pytest
 from sqlalchemy import func, select, update
 
+from scheduler.core.states import TERMINAL, JobState
 from scheduler.db import session_factory
 from scheduler.dispatch import SimulatedDispatcher
 from scheduler.loop import SchedulerService
 from scheduler.orm import GPU, Agent, Event, Job, Node
 from scheduler.settings import APISettings, SchedulerSettings
-from scheduler.states import TERMINAL, JobState
 from tests.conftest import LiveApi
 
 SPEC: dict[str, Any] = {"name": "digits", "workload": "digits-mlp", "max_iterations": 50}

@@ -18,19 +18,19 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import SPBConfig
+from scheduler.core.jobmodel import INTERFERENCE
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import SimulatedDispatcher
-from scheduler.jobmodel import INTERFERENCE
 from scheduler.loop import SchedulerService
 from scheduler.models.metrics import record
 from scheduler.models.profiles import save_profile
 from scheduler.orm import Allocation, Job
-from scheduler.plan import Plan
 from scheduler.policies import POLICIES, get_policy, jigsaw, policy_params
 from scheduler.policies.jigsaw import JigsawParams
 from scheduler.settings import SchedulerSettings
-from scheduler.snapshot import ClusterSnapshot
-from scheduler.states import JobState
 from tests.test_scheduler_loop import T0, add_nodes
 from tests.test_snapshot_models import add_job, spb_profile
 

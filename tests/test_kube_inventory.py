@@ -22,9 +22,9 @@ from jigsaw.gpus import GpuSlot
 from scheduler.db import session_factory, transaction
 from scheduler.kube import NodeInventory, core_api
 from scheduler.models.agents import register
+from scheduler.models.snapshot import build_snapshot
 from scheduler.orm import Event, Node
 from scheduler.settings import KubernetesSettings
-from scheduler.snapshot import build_snapshot
 
 RECORDED = Path(__file__).parent / "data" / "kubernetes" / "nodes.json"
 SELECTOR = "nvidia.com/gpu.present=true"

@@ -10,15 +10,16 @@ import pytest
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, SimulatedDispatcher
 from scheduler.loop import SchedulerService
-from scheduler.plan import Plan
+from scheduler.models.snapshot import build_snapshot
 from scheduler.policies import get_policy
 from scheduler.sim.engine import EPOCH, ClusterShape, SimOptions, Simulator
 from scheduler.sim.trace import load_workload
-from scheduler.snapshot import ClusterSnapshot, build_snapshot
-from scheduler.states import JobState
 from tests.test_scheduler_loop import SETTINGS, T0, add_job, add_nodes, held_gpus, state
 
 

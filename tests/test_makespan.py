@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.jobmodel import JobModel
-from scheduler.makespan import (
+from scheduler.core.jobmodel import JobModel
+from scheduler.core.makespan import (
     cost_curve,
     hull,
     least_cost,

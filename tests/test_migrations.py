@@ -8,9 +8,12 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from scheduler.db import make_engine
+from jigsaw.jobspec import JobSpec
+from scheduler.db import make_engine, session_factory, transaction
 from scheduler.migrate import current_revision, downgrade, head_revision, upgrade
-from scheduler.orm import Base
+from scheduler.models.jobs import submit
+from scheduler.models.users import Principal, get_or_create_user
+from scheduler.orm import Base, Job
 
 
 def test_upgrade_downgrade_upgrade_and_no_drift(db_url: str) -> None:
@@ -49,3 +52,32 @@ def test_concurrent_upgrades_migrate_once(db_url: str) -> None:
     assert current_revision(engines[0]) == head_revision(engines[0])
     for e in engines:
         e.dispose()
+
+
+def test_suspensions_recorded_as_messages_get_who_suspended_them(db_url: str) -> None:
+    """Jobs suspended before `suspended_by` existed keep what they wait for."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    factory = session_factory(engine)
+    rows = {  # (state, message) -> suspended_by after the migration
+        ("SUSPENDED", "suspended by policy"): "policy",
+        ("SUSPENDED", "suspended: its node was drained"): "drain",
+        ("SUSPENDED", "suspended"): "user",
+        ("RUNNING", "suspended by policy"): None,
+    }
+    with transaction(factory) as session:
+        user = get_or_create_user(session, "alice")
+        owner = Principal("user", user.id, user.name, False)
+        ids = {}
+        for state, message in rows:
+            job = submit(
+                session, JobSpec(name="j", workload="digits-mlp", max_iterations=10), owner
+            )
+            job.state, job.message = state, message
+            ids[(state, message)] = job.id
+    downgrade(engine, "0008")
+    upgrade(engine)
+    with factory() as session:
+        found = {key: session.get_one(Job, job_id).suspended_by for key, job_id in ids.items()}
+    assert found == rows
+    engine.dispose()

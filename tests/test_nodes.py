@@ -14,17 +14,19 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.gpus import GpuSlot
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, SimulatedDispatcher
 from scheduler.kube import NodeStatus, apply_inventory
 from scheduler.loop import SchedulerService
 from scheduler.models.agents import register
 from scheduler.models.nodes import DRAINED_MESSAGE
+from scheduler.models.snapshot import build_snapshot
+from scheduler.models.states import transition
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
 from scheduler.policies import fifo
 from scheduler.settings import SchedulerSettings
-from scheduler.snapshot import ClusterSnapshot, build_snapshot
-from scheduler.states import JobState, transition
 from tests.conftest import LiveApi
 
 SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30)

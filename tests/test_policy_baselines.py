@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from scheduler.jobmodel import JobModel
-from scheduler.plan import Placement, Plan
+from scheduler.core.jobmodel import JobModel
+from scheduler.core.plan import Placement, Plan
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
+from scheduler.core.states import JobState
 from scheduler.policies import gandiva, get_policy, srtf, tiresias
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
-from scheduler.states import JobState
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -59,7 +59,6 @@ def job(
         priority=priority,
         workers=workers,
         created_at=T0 + timedelta(seconds=job_id),
-        spec={"workers": workers},
         allocated_gpu_ids=gpus,
         attained_gpu_seconds=attained,
         held_since=None if held_for is None else T0 + timedelta(hours=1, seconds=-held_for),
@@ -146,12 +145,9 @@ def test_tiresias_resumes_a_preempted_job_but_not_one_a_user_suspended() -> None
         priority=0,
         workers=1,
         created_at=T0,
-        spec={},
         preempted=True,
     )
-    user_paused = JobView(
-        id=2, state=JobState.SUSPENDED, priority=0, workers=1, created_at=T0, spec={}
-    )
+    user_paused = JobView(id=2, state=JobState.SUSPENDED, priority=0, workers=1, created_at=T0)
     plan = tiresias.schedule(snap(nodes(1, 2), preempted, user_paused))
     assert [p.job_id for p in plan.start] == [1]
 

@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from scheduler.plan import Placement
+from jigsaw.jobspec import SPBConfig
+from jigsaw.spb import as_json
+from scheduler.core.plan import Placement
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
+from scheduler.core.states import JobState
 from scheduler.policies import POLICIES, get_policy
 from scheduler.policies.fifo import schedule
 from scheduler.policies.placement import FreePool
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
-from scheduler.states import JobState
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -51,7 +53,7 @@ def job(job_id: int, workers: int, *, priority: int = 0, spb: Any = "off") -> Jo
         priority=priority,
         workers=workers,
         created_at=T0 + timedelta(seconds=job_id),
-        spec={"workers": workers, "spb": spb},
+        spb_setting=spb,
     )
 
 
@@ -131,14 +133,15 @@ def test_dead_nodes_offer_no_capacity() -> None:
 
 
 def test_only_queued_jobs_are_placed() -> None:
-    running = JobView(2, JobState.RUNNING, 0, 1, T0, {}, allocated_gpu_ids=(100,))
+    running = JobView(2, JobState.RUNNING, 0, 1, T0, allocated_gpu_ids=(100,))
     assert placed(snapshot(cluster({"a": 2}, held={"a": 1}), running, job(3, 1))) == {3: (101,)}
 
 
 def test_fixed_spb_config_passes_through() -> None:
     config = {"full_fraction": 0.5, "partial_depth": 0.25, "rotation_period": 0}
-    plan = schedule(snapshot(cluster({"a": 2}), job(1, 1, spb=config), job(2, 1, spb="auto")))
-    assert plan.start == (Placement(1, (100,), config), Placement(2, (101,), {}))
+    fixed = SPBConfig.model_validate(config)
+    plan = schedule(snapshot(cluster({"a": 2}), job(1, 1, spb=fixed), job(2, 1, spb="auto")))
+    assert plan.start == (Placement(1, (100,), as_json(fixed)), Placement(2, (101,), {}))
 
 
 def test_plan_does_not_depend_on_input_order() -> None:

@@ -10,13 +10,13 @@ from pydantic import ValidationError
 
 from jigsaw.jobspec import SPBConfig
 from jigsaw.spb import SPBProfile, StageProfile, as_json, config_key
-from scheduler.jobmodel import INTERFERENCE, JobModel, colocation_factors, stretched_step
-from scheduler.plan import Placement, Plan, Reconfigure
+from scheduler.core.jobmodel import INTERFERENCE, JobModel, colocation_factors, stretched_step
+from scheduler.core.plan import Placement, Plan, Reconfigure
+from scheduler.core.snapshot import ClusterSnapshot, JobView, NodeView
+from scheduler.core.states import JobState
 from scheduler.policies import get_policy, jigsaw, policy_params
 from scheduler.policies.jigsaw import JigsawParams
 from scheduler.settings import SchedulerSettings
-from scheduler.snapshot import ClusterSnapshot, JobView, NodeView
-from scheduler.states import JobState
 from tests.test_policy_baselines import nodes as baseline_nodes
 
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -88,7 +88,6 @@ def job(
         priority=0,
         workers=workers,
         created_at=NOW - timedelta(seconds=arrived),
-        spec={"workers": workers},
         allocated_gpu_ids=gpus,
         spb=spb or {},
         attained_gpu_seconds=workers * arrived if gpus else 0.0,
@@ -238,7 +237,7 @@ def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() ->
     # Eight GPUs; eight 3,000 s one-GPU jobs and a 20,000-iteration job that scales
     # badly (9,000 s on 8 GPUs, 12,000 s on 4, 20,000 s on 2). Short jobs first ends
     # at 12,000 s: the long job starts when they are done. No schedule ends before
-    # 10,500 s (`scheduler.makespan`), which the long job meets only if it starts now,
+    # 10,500 s (`scheduler.core.makespan`), which the long job meets only if it starts now,
     # on 5.7 GPUs on average: it is paced on 4 (its largest size below that), the short
     # jobs share the rest, and it grows to 8 once they are done (10,500 s).
     shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]
@@ -373,17 +372,14 @@ def test_a_spec_that_fixes_spb_or_turns_it_off_is_never_changed() -> None:
     heavy = model(2, 1000, step=2.0, sync=1.5, spb=profile(bottom_parameters=1 << 28))
     light = model(2, 1000, step=2.0, sync=0.0, spb=profile())
     running = {"state": JobState.RUNNING, "gpus": (100, 101)}
-    off = replace(job(1, 2, heavy, **running), spec={"workers": 2, "spb": "off"})
-    fixed = replace(
-        job(1, 2, light, spb=as_json(HALF), **running),
-        spec={"workers": 2, "spb": as_json(HALF)},
-    )
+    off = replace(job(1, 2, heavy, **running), spb_setting="off")
+    fixed = replace(job(1, 2, light, spb=as_json(HALF), **running), spb_setting=HALF)
     for held in (off, fixed):
         assert jigsaw.schedule(snap(nodes(1, 2), held)).reconfigure == ()
     # The same jobs left to the policy are switched.
-    auto = replace(off, spec={"workers": 2, "spb": "auto"})
+    auto = replace(off, spb_setting="auto")
     assert jigsaw.schedule(snap(nodes(1, 2), auto)).reconfigure == (Reconfigure(1, as_json(HALF)),)
-    chosen = replace(fixed, spec={"workers": 2, "spb": "auto"})
+    chosen = replace(fixed, spb_setting="auto")
     assert jigsaw.schedule(snap(nodes(1, 2), chosen)).reconfigure == (Reconfigure(1, {}),)
 
 

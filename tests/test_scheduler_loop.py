@@ -16,18 +16,19 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import JobSpec
+from scheduler.core.plan import Placement, Plan, Reconfigure
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, Launch, Report, RunOutcome, SimulatedDispatcher
 from scheduler.leader import LeaderLock, LeaderUnavailable
 from scheduler.loop import SchedulerService
 from scheduler.models.jobs import cancel, resume, submit, suspend
+from scheduler.models.states import transition
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node
-from scheduler.plan import Plan, Reconfigure
 from scheduler.policies import POLICIES, fifo
 from scheduler.settings import SchedulerSettings
-from scheduler.snapshot import ClusterSnapshot
-from scheduler.states import JobState, transition
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30)
@@ -543,3 +544,25 @@ def test_a_job_no_capacity_can_hold_says_why_until_it_can_be_placed(
     loop.run_round(T0)
     assert state(factory, big) is JobState.RUNNING
     assert len(held_gpus(factory, big)) == 8
+
+
+def test_a_plan_item_the_validator_refuses_is_dropped_not_the_round(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def careless(snapshot: ClusterSnapshot) -> Plan:
+        """FIFO, plus the second job on a GPU that does not exist."""
+        plan = fifo.schedule(snapshot)
+        return Plan(start=(*plan.start[:1], Placement(plan.start[1].job_id, (10**6,))))
+
+    monkeypatch.setitem(POLICIES, "careless", careless)
+    add_nodes(factory, {"a": 2})
+    placed, refused = add_job(factory, 1), add_job(factory, 1)
+    loop = SchedulerService(
+        factory, SimulatedDispatcher(iterations_per_second=10), SETTINGS, policy_name="careless"
+    )
+
+    result = loop.run_round(T0)
+
+    assert (result.started, result.conflicts) == (1, 1)
+    assert (state(factory, placed), state(factory, refused)) == (JobState.RUNNING, JobState.QUEUED)
+    assert held_gpus(factory, refused) == []

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.plan import Placement, Plan
+from scheduler.core.plan import Placement, Plan
+from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.policies import get_policy
 from scheduler.sim.engine import ClusterShape, SimOptions, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import default_profile, load_profiles, profile_for
 from scheduler.sim.trace import PhillyFilter, TraceError, load_workload
-from scheduler.snapshot import ClusterSnapshot
 from tests.servers import JIGSAW, clean_env
 
 POLLUX = Path(__file__).resolve().parents[2] / "shared" / "traces" / "pollux"

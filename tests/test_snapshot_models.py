@@ -15,16 +15,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from jigsaw import spb
 from jigsaw.jobspec import JobSpec, SPBConfig, TargetMetric
 from jigsaw.spb import SPBProfile, StageProfile, config_key
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
-from scheduler.measured import RECENT_ITERATIONS, UNKNOWN_ITERATIONS
 from scheduler.models.jobs import submit
+from scheduler.models.measured import RECENT_ITERATIONS, UNKNOWN_ITERATIONS
 from scheduler.models.metrics import record
 from scheduler.models.profiles import save_profile
+from scheduler.models.snapshot import build_snapshot
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Allocation, Job, ModelProfile
 from scheduler.policies import jigsaw
-from scheduler.snapshot import ClusterSnapshot, build_snapshot
-from scheduler.states import JobState
 from tests.test_scheduler_loop import T0, add_nodes
 
 HALF = SPBConfig(full_fraction=0.5, partial_depth=0.5)

@@ -12,12 +12,13 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import JobSpec
+from scheduler.core.states import ALLOWED, TERMINAL, IllegalTransition, JobState
 from scheduler.db import make_engine, session_factory
 from scheduler.migrate import upgrade
 from scheduler.models.jobs import submit
+from scheduler.models.states import transition
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import Event, Job
-from scheduler.states import ALLOWED, TERMINAL, IllegalTransition, JobState, transition
 
 SPEC = JobSpec(name="j", workload="digits-mlp", max_iterations=10)
 

@@ -6,12 +6,12 @@ from fastapi import APIRouter
 
 from api.deps import Factory, User
 from api.schemas import V1_ERRORS, ClusterOut, ClusterTotals, GPUOut, HolderOut, NodeOut, WhoAmI
+from scheduler.core.states import JobState
 from scheduler.db import transaction
 from scheduler.models.cluster import Holder, capacity, cluster_view
 from scheduler.models.efficiency import cluster_efficiency
 from scheduler.models.jobs import count_by_state
 from scheduler.models.users import Principal
-from scheduler.states import JobState
 
 router = APIRouter(prefix="/v1", tags=["cluster"], responses=V1_ERRORS)
 

@@ -24,12 +24,12 @@ from api.schemas import (
     error_responses,
 )
 from jigsaw.jobspec import JobSpec
+from scheduler.core.states import JobState
 from scheduler.db import transaction
 from scheduler.models import jobs as job_models
 from scheduler.models import metrics as metric_models
 from scheduler.models.users import Principal
 from scheduler.orm import Job
-from scheduler.states import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=V1_ERRORS)
 

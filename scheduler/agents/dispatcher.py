@@ -41,7 +41,6 @@ from scheduler.models.agents import (
     NodeRun,
     bind_run,
     instance_digest,
-    node_addresses,
     runs_on_node,
 )
 
@@ -237,7 +236,6 @@ class AgentDispatcher:
             by_node.setdefault(worker.node_name, []).append(
                 pb.RankAssignment(rank=worker.rank, gpu_index=worker.gpu_index)
             )
-        master_node = launch.workers[0].node_name
         with self._lock:
             sessions = {
                 node: agent for node in by_node if (agent := self._sessions.get(node)) is not None
@@ -286,7 +284,7 @@ class AgentDispatcher:
             }
             self._jobs[launch.job_id] = runs
         try:
-            messages = self._launch_messages(launch, by_node, runs, master_node, port)
+            messages = self._launch_messages(launch, by_node, runs, port)
         except Exception:
             with self._lock:
                 self._drop_job(launch.job_id)
@@ -301,14 +299,12 @@ class AgentDispatcher:
         launch: Launch,
         by_node: Mapping[str, list[pb.RankAssignment]],
         runs: Mapping[str, Run],
-        master_node: str,
         port: int,
     ) -> dict[str, pb.SchedulerMessage]:
         """Each node's command; first the runs' agent processes are stored, so that a
         Hello claiming the run after a restart of the scheduler finds whom it was
         launched to."""
         with transaction(self._factory) as db:
-            master_addr = node_addresses(db, [master_node]).get(master_node, "")
             for node, run in runs.items():
                 gpu_ids = [w.gpu_id for w in launch.workers if w.node_name == node]
                 bind_run(db, launch.job_id, launch.attempt, gpu_ids, instance_digest(run.instance))
@@ -320,7 +316,7 @@ class AgentDispatcher:
                 spec=spec,
                 ranks=assignments,
                 world_size=len(launch.workers),
-                master_addr=master_addr,
+                master_addr=launch.workers[0].node_address,
                 master_port=port,
                 start_iteration=launch.start_iteration,
                 lease_iterations=launch.lease_iterations,

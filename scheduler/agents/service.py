@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.gpus import GpuSlot
@@ -43,9 +42,8 @@ from scheduler.agents.dispatcher import AgentDispatcher, AgentSession, Dropped, 
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.scrub import scrub
 from scheduler.db import transaction
-from scheduler.models.agents import ran_on, register
+from scheduler.models.agents import ran_on, register, registered_agent
 from scheduler.models.profiles import save_profile
-from scheduler.orm import Agent, Node
 from scheduler.telemetry import SchedulerTelemetry
 
 logger = logging.getLogger(__name__)
@@ -223,11 +221,7 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
         with transaction(self._factory) as session:
-            row = session.execute(
-                select(Node.id, Agent.id)
-                .join(Agent, Agent.node_id == Node.id)
-                .where(Node.name == hello.node_name)
-            ).first()
+            row = registered_agent(session, hello.node_name)
         if row is None:
             context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,

@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from jigsaw.gpus import GpuSlot
-from scheduler.orm import GPU, Agent, Allocation, Node, utcnow
+from scheduler.orm import GPU, Agent, Allocation, Event, Node, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +100,67 @@ def record_heartbeats(session: Session, seen: Mapping[int, datetime]) -> None:
         )
 
 
-def node_addresses(session: Session, node_names: Iterable[str]) -> dict[str, str]:
-    """Where peers on other nodes reach each node (for torch.distributed rendezvous)."""
-    return dict(
-        session.execute(select(Node.name, Node.address).where(Node.name.in_(set(node_names)))).all()
+def registered_agent(session: Session, node_name: str) -> tuple[int, int] | None:
+    """(node id, agent id) of the node of that name, or None when no agent registered it."""
+    row = session.execute(
+        select(Node.id, Agent.id)
+        .join(Agent, Agent.node_id == Node.id)
+        .where(Node.name == node_name)
+    ).first()
+    return None if row is None else (row[0], row[1])
+
+
+def set_alive(
+    session: Session, agent_ids: Sequence[int], alive: bool, now: datetime | None = None
+) -> None:
+    """Mark these agents alive (heard from `now`) or dead, as simulated nodes do for
+    themselves."""
+    values: dict[str, object] = {"alive": alive}
+    if alive:
+        values["last_heartbeat_at"] = now or utcnow()
+    session.execute(
+        update(Agent)
+        .where(Agent.id.in_(list(agent_ids)))
+        .values(**values)
+        .execution_options(synchronize_session=False)
     )
+
+
+@dataclass(frozen=True)
+class LostAgent:
+    agent_id: int
+    node_id: int
+    node_name: str | None
+    last_heartbeat_at: datetime
+
+
+def expire(session: Session, cutoff: datetime, *, actor: str) -> list[LostAgent]:
+    """Mark dead every alive agent silent since before `cutoff`, each with an
+    `agent_lost` event; those agents."""
+    lost = session.scalars(
+        select(Agent).where(Agent.alive.is_(True), Agent.last_heartbeat_at < cutoff)
+    ).all()
+    if not lost:
+        return []
+    names = dict(
+        session.execute(
+            select(Node.id, Node.name).where(Node.id.in_([a.node_id for a in lost]))
+        ).all()
+    )
+    for agent in lost:
+        agent.alive = False
+        session.add(
+            Event(
+                kind="agent_lost",
+                actor=actor,
+                message=f"no heartbeat since {agent.last_heartbeat_at.isoformat()}",
+                data={"agent_id": agent.id, "node_id": agent.node_id},
+            )
+        )
+    return [
+        LostAgent(agent.id, agent.node_id, names.get(agent.node_id), agent.last_heartbeat_at)
+        for agent in lost
+    ]
 
 
 def ran_on(session: Session, job_id: int, node_id: int) -> bool:

@@ -10,9 +10,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from jigsaw.jobspec import JobSpec
+from scheduler.core.states import JobState
+from scheduler.models.states import transition
 from scheduler.models.users import Principal
 from scheduler.orm import GPU, Allocation, Event, Job, JobLog, Node, User
-from scheduler.states import JobState, transition
 
 
 def submit(session: Session, spec: JobSpec, owner: Principal) -> Job:
@@ -237,3 +238,19 @@ def owners(session: Session, job_ids: Iterable[int]) -> dict[int, int]:
         return {}
     rows = session.execute(select(Job.id, Job.owner_id).where(Job.id.in_(ids)))
     return {job_id: owner_id for job_id, owner_id in rows}
+
+
+def get(session: Session, job_id: int) -> Job | None:
+    """The job, whoever owns it (the scheduler's view; the API uses `visible_job`)."""
+    return session.get(Job, job_id)
+
+
+def by_id(session: Session, job_ids: Iterable[int]) -> dict[int, Job]:
+    """These jobs (those that exist), keyed by id."""
+    return {job.id: job for job in session.scalars(select(Job).where(Job.id.in_(set(job_ids))))}
+
+
+def states(session: Session, job_ids: Iterable[int]) -> dict[int, str]:
+    """The state of each of these jobs that exists."""
+    rows = session.execute(select(Job.id, Job.state).where(Job.id.in_(set(job_ids))))
+    return {job_id: state for job_id, state in rows}

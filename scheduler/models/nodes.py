@@ -12,15 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from scheduler.core.states import IllegalTransition, JobState, SuspendedBy
+from scheduler.models import allocations
+from scheduler.models.states import transition
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
-from scheduler.states import IllegalTransition, JobState, transition
 
-# The message of a RUNNING job `drain --now` suspended. The scheduler loop queues such a
-# job again once its processes have checkpointed and exited (whatever the policy), so it
-# waits for GPUs elsewhere, not for its user.
+# The message of a RUNNING job `drain --now` suspended (`SuspendedBy.DRAIN`). The
+# scheduler loop queues such a job again once its processes have checkpointed and exited
+# (whatever the policy), so it waits for GPUs elsewhere, not for its user.
 DRAINED_MESSAGE = "suspended: its node was drained"
 
 
@@ -76,7 +78,7 @@ def drain(
                 if job.state == JobState.RUNNING:
                     transition(
                         session, job, JobState.SUSPENDED, actor=actor,
-                        message=DRAINED_MESSAGE, data=data,
+                        message=DRAINED_MESSAGE, data=data, suspended_by=SuspendedBy.DRAIN,
                     )  # fmt: skip
                     suspended.append(job.id)
                 elif job.state == JobState.SCHEDULED:
@@ -88,13 +90,7 @@ def drain(
             except IllegalTransition:
                 continue  # it ended or moved meanwhile: nothing left to evict
         # The loop frees a suspended job's GPUs itself; a queued job must not keep any.
-        if requeued:
-            session.execute(
-                update(Allocation)
-                .where(Allocation.job_id.in_(requeued), Allocation.released_at.is_(None))
-                .values(released_at=now)
-                .execution_options(synchronize_session=False)
-            )
+        allocations.release(session, requeued, now)
     return NodeChange(node.name, node.drained_at, None, suspended, requeued)
 
 
@@ -176,3 +172,14 @@ def on_drained_node(session: Session, gpu_ids: list[int]) -> bool:
         .with_for_update(read=True)
     ).all()
     return any(drained is not None or removed is not None for drained, removed in rows)
+
+
+def drain_suspended(session: Session) -> list[Job]:
+    """The jobs `drain --now` suspended that wait to be queued again."""
+    return list(
+        session.scalars(
+            select(Job).where(
+                Job.state == JobState.SUSPENDED, Job.suspended_by == SuspendedBy.DRAIN
+            )
+        )
+    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from scheduler.core.rounds import RoundResult
 from scheduler.orm import SchedulerRound, utcnow
-from scheduler.rounds import RoundResult
 
 
 def record_round(

@@ -12,9 +12,9 @@ from functools import partial
 
 from pydantic import BaseModel
 
-from scheduler.plan import Plan
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.policies import fifo, gandiva, jigsaw, srtf, tiresias
-from scheduler.snapshot import ClusterSnapshot
 
 Policy = Callable[[ClusterSnapshot], Plan]
 

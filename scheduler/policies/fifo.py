@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from scheduler.plan import Placement, Plan
+from scheduler.core.plan import Placement, Plan
+from scheduler.core.snapshot import ClusterSnapshot, JobView
+from scheduler.core.states import JobState
 from scheduler.policies.placement import FreePool, spb_of
-from scheduler.snapshot import ClusterSnapshot, JobView
-from scheduler.states import JobState
 
 logger = logging.getLogger(__name__)
 

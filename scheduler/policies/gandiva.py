@@ -9,10 +9,10 @@ of time. Gandiva's packing and migration are not modelled here (JigSaw packs).
 
 from __future__ import annotations
 
-from scheduler.plan import Plan
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot, JobView
 from scheduler.policies.placement import candidates
 from scheduler.policies.preemptive import run_in_order
-from scheduler.snapshot import ClusterSnapshot, JobView
 
 QUANTUM_SECONDS = 600.0
 

@@ -10,7 +10,8 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
+from jigsaw import spb
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
 
 
 def candidates(snapshot: ClusterSnapshot) -> list[JobView]:
@@ -25,10 +26,9 @@ def remaining_seconds(job: JobView) -> float:
     if job.model is not None:
         left = max(job.model.iterations_total - job.iterations_done, 0)
         return left * job.model.alone_step_seconds
-    target = job.spec.get("max_iterations")
-    if target is None:
+    if job.max_iterations is None:
         return math.inf
-    return float(max(int(target) - job.iterations_done, 0))
+    return float(max(job.max_iterations - job.iterations_done, 0))
 
 
 class FreePool:
@@ -150,5 +150,4 @@ def _node_key(gpus: Sequence[GPUView]) -> tuple[str, int]:
 
 def spb_of(job: JobView) -> dict[str, Any]:
     # A fixed SPB configuration passes through; "auto" awaits the SPB planner, "off" is {}.
-    spb = job.spec.get("spb")
-    return dict(spb) if isinstance(spb, dict) else {}
+    return spb.as_json(spb.resolve(job.spb_setting))

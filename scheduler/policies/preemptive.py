@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduler.plan import Placement, Plan
+from scheduler.core.plan import Placement, Plan
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
 from scheduler.policies.placement import FreePool, spb_of
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
 
 
 def run_in_order(snapshot: ClusterSnapshot, ordered: Iterable[JobView]) -> Plan:

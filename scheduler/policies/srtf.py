@@ -7,10 +7,10 @@ is what SRTF assumes; Tiresias is the baseline that does not.
 
 from __future__ import annotations
 
-from scheduler.plan import Plan
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.policies.placement import candidates, remaining_seconds
 from scheduler.policies.preemptive import run_in_order
-from scheduler.snapshot import ClusterSnapshot
 
 
 def schedule(snapshot: ClusterSnapshot) -> Plan:

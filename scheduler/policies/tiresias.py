@@ -15,10 +15,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 
-from scheduler.plan import Plan
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot, JobView
 from scheduler.policies.placement import candidates
 from scheduler.policies.preemptive import run_in_order
-from scheduler.snapshot import ClusterSnapshot, JobView
 
 QUEUE_THRESHOLDS_GPU_SECONDS: tuple[float, ...] = (16 * 3600.0,)
 

@@ -3,8 +3,8 @@
 One round is what the real loop does (`scheduler.loop`): jobs that finished leave
 their GPUs, new jobs queue, the cluster is snapshotted into the same frozen views, the
 same policy function returns a `Plan`, and the plan is applied in the loop's order
-(suspend and stop, reconfigure, start) under the same state machine
-(`scheduler.states.can_transition`). What differs is the store: jobs and GPUs live in
+(suspend and stop, reconfigure, start), checked by the same validator
+(`scheduler.core.validate`). What differs is the store: jobs and GPUs live in
 memory here, not in the database, because a replay of 80,000 jobs cannot afford a
 transaction per decision.
 
@@ -25,19 +25,20 @@ from typing import Any
 
 from jigsaw import spb
 from jigsaw.spb import SPBProfile
-from scheduler.jobmodel import (
+from scheduler.core.jobmodel import (
     INTERFERENCE,
     JobModel,
     Shape,
     colocation_factors,
     stretched_step,
 )
-from scheduler.plan import Plan
+from scheduler.core.plan import Plan
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
+from scheduler.core.states import JobState
+from scheduler.core.validate import validate
 from scheduler.policies import Policy
 from scheduler.sim.profiles import memory_per_gpu, profile_for
 from scheduler.sim.trace import MeasuredSpeed, TraceJob
-from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
-from scheduler.states import JobState, can_transition
 
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -97,7 +98,6 @@ class JobRecord:
     held_since: float | None = None
     ready_at: float = 0.0  # setup after a (re)start ends then
     rate: float = 0.0  # full-backprop-equivalent iterations per second now
-    memory: tuple[int, ...] = ()  # bytes per rank on its GPUs now
     first_start: float | None = None
     finish: float | None = None
     suspensions: int = 0
@@ -250,7 +250,6 @@ class Simulator:
             priority=record.trace.priority,
             workers=record.trace.workers,
             created_at=EPOCH + timedelta(seconds=record.submit),
-            spec={"workers": record.trace.workers, "max_iterations": record.trace.iterations},
             allocated_gpu_ids=record.gpus,
             iterations_done=int(record.progress),
             spb=record.config,
@@ -260,6 +259,7 @@ class Simulator:
             else EPOCH + timedelta(seconds=record.held_since),
             preempted=record.preempted,
             model=record.model,
+            max_iterations=record.trace.iterations,
         )
         if record.state is not JobState.RUNNING:
             self._views[record.id] = view
@@ -336,7 +336,7 @@ class Simulator:
                 last_submitted_at=None if newest is None else EPOCH + timedelta(seconds=newest),
             )
             plan = self.policy(snapshot)
-            self._apply(plan, now, running)
+            self._apply(plan, snapshot, now, running)
             if not running and arrivals == total and active:
                 raise SimulationStuck(
                     f"{self.policy_name} runs none of the {len(active)} waiting job(s) on an "
@@ -365,47 +365,33 @@ class Simulator:
             busy_gpu_seconds=busy_seconds,
         )
 
-    def _apply(self, plan: Plan, now: float, running: dict[int, JobRecord]) -> None:
-        """The loop's order: suspend and stop, reconfigure, start."""
+    def _apply(
+        self, plan: Plan, snapshot: ClusterSnapshot, now: float, running: dict[int, JobRecord]
+    ) -> None:
+        """The loop's order (suspend and stop, reconfigure, start), of the items the
+        loop's validator accepts; each refused one counts as a conflict."""
+        checked = validate(plan, snapshot)
+        self.conflicts += len(checked.rejected)
+        plan = checked.plan
         for job_id in plan.suspend:
+            record = self._by_id[job_id]
+            self._end(record, now, running)
+            record.state = JobState.SUSPENDED
+            record.preempted = True
+            record.suspensions += 1
+        for job_id in plan.stop:
             record = self._by_id[job_id]
             if record.state is JobState.RUNNING:
                 self._end(record, now, running)
-                record.state = JobState.SUSPENDED
-                record.preempted = True
-                record.suspensions += 1
-            else:
-                self.conflicts += 1
-        for job_id in plan.stop:
-            record = self._by_id[job_id]
-            if can_transition(record.state, JobState.FAILED):
-                if record.state is JobState.RUNNING:
-                    self._end(record, now, running)
-                record.state = JobState.FAILED
-            else:
-                self.conflicts += 1
+            record.state = JobState.FAILED
         for change in plan.reconfigure:
             record = self._by_id[change.job_id]
-            if record.state is not JobState.RUNNING:
-                self.conflicts += 1
-            elif record.config != change.spb:
+            if record.config != change.spb:
                 record.config = dict(change.spb)
-                record.memory = self._shape(record).worker_memory_bytes
                 record.reconfigurations += 1
                 self._touched.add(record.id)
         for placement in plan.start:
             record = self._by_id[placement.job_id]
-            waiting = record.state is JobState.QUEUED or (
-                record.state is JobState.SUSPENDED and record.preempted
-            )
-            if not waiting or not can_transition(record.state, JobState.SCHEDULED):
-                self.conflicts += 1
-                continue
-            if len(placement.gpu_ids) not in record.model.steps or not self._fits(
-                record, placement.gpu_ids, placement.spb
-            ):
-                self.conflicts += 1
-                continue
             self._views.pop(record.id, None)
             record.state = JobState.RUNNING  # SCHEDULED, then acknowledged at once
             record.preempted = False
@@ -416,26 +402,7 @@ class Simulator:
             if record.first_start is None:
                 record.first_start = now
             self._set_holders(record, add=True)
-            record.memory = self._shape(record).worker_memory_bytes
             running[record.id] = record
-
-    def _fits(self, record: JobRecord, gpu_ids: tuple[int, ...], config: dict[str, Any]) -> bool:
-        """Every GPU exists and holds this job's rank besides what it holds already."""
-        if any(not 0 <= g < self.cluster.gpus for g in gpu_ids) or len(set(gpu_ids)) != len(
-            gpu_ids
-        ):
-            return False
-        nodes = len({self._gpu_node[g] for g in gpu_ids})
-        shape = record.model.shape(spb.resolve(config), len(gpu_ids), nodes)
-        for gpu, need in zip(gpu_ids, shape.worker_memory_bytes, strict=True):
-            used = sum(self._rank_memory(holder, gpu) for holder in self._holders[gpu])
-            if used + need > self.cluster.gpu_memory_bytes and self._holders[gpu]:
-                return False
-        return True
-
-    def _rank_memory(self, job_id: int, gpu: int) -> int:
-        record = self._by_id[job_id]
-        return record.memory[record.gpus.index(gpu)]
 
     def _end(self, record: JobRecord, now: float, running: dict[int, JobRecord]) -> None:
         self._set_holders(record, add=False)
@@ -454,7 +421,6 @@ class Simulator:
             if record.id not in touched and not any(g in changed for g in record.gpus):
                 continue
             shape = self._shape(record)
-            record.memory = shape.worker_memory_bytes
             demands = {
                 gpu: [(j, self._demand(j, gpu)) for j in self._holders[gpu]]
                 for gpu in record.gpus

@@ -21,7 +21,7 @@ over jobs divided by the GPUs. Each round:
    discounted, not first, it starts ahead of longer queued work, not of short jobs.
    Once no job has been submitted for `pace_after_seconds`, the backlog is all there
    is to finish, and the jobs that cannot finish by the least makespan of all known
-   work (`scheduler.makespan`) at their cheapest size are paced: they go first (after
+   work (`scheduler.core.makespan`) at their cheapest size are paced: they go first (after
    priority and starvation), at the width they need to finish by then (`ordering.paced`);
    only while other jobs wait, since the order and growth then give them the rest.
 2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
@@ -54,7 +54,7 @@ over jobs divided by the GPUs. Each round:
    activation memory host it without slowing the host, whose pace its full workers
    set), then on GPUs whose jobs leave them idle during synchronisation. Sharing a GPU
    costs every job there `interference` and, past the whole GPU, time-slicing (the
-   rule of `scheduler.jobmodel.colocation_factors`); GPU memory is never
+   rule of `scheduler.core.jobmodel.colocation_factors`); GPU memory is never
    over-committed. A guest is placed only when the gain net of what its hosts lose is
    at least `min_gain` GPUs.
 
@@ -77,12 +77,12 @@ packed."""
 from __future__ import annotations
 
 from jigsaw import spb
-from scheduler.plan import Placement, Plan, Reconfigure
+from scheduler.core.plan import Placement, Plan, Reconfigure
+from scheduler.core.snapshot import ClusterSnapshot, GPUView
 from scheduler.policies.jigsaw import growth, ordering, packing, sizing, spb_choice
 from scheduler.policies.jigsaw.layout import Layout, guests_of
 from scheduler.policies.jigsaw.params import CONFIGS, JigsawParams
 from scheduler.policies.placement import candidates
-from scheduler.snapshot import ClusterSnapshot, GPUView
 
 __all__ = ["CONFIGS", "JigsawParams", "schedule"]
 

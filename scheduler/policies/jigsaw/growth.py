@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from jigsaw import spb
+from scheduler.core.snapshot import GPUView, JobView
 from scheduler.policies.jigsaw.layout import Layout
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.policies.jigsaw.speeds import (
@@ -16,7 +17,6 @@ from scheduler.policies.jigsaw.speeds import (
     remaining_seconds_at,
 )
 from scheduler.policies.placement import FreePool
-from scheduler.snapshot import GPUView, JobView
 
 
 @dataclass(frozen=True)

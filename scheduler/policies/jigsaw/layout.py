@@ -7,8 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from jigsaw.jobspec import SPBConfig
-from scheduler.jobmodel import Shape, colocation_factors, stretched_step
-from scheduler.snapshot import ClusterSnapshot, JobView
+from scheduler.core.jobmodel import Shape, colocation_factors, stretched_step
+from scheduler.core.snapshot import ClusterSnapshot, JobView
 
 
 @dataclass

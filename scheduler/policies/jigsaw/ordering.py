@@ -5,11 +5,11 @@ once submissions stop."""
 
 from __future__ import annotations
 
-from scheduler.makespan import Curve, least_cost, shortest_makespan
+from scheduler.core.makespan import Curve, least_cost, shortest_makespan
+from scheduler.core.snapshot import ClusterSnapshot, JobView
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.policies.jigsaw.sizing import Sizing
 from scheduler.policies.jigsaw.speeds import curve, least, left, outlasts
-from scheduler.snapshot import ClusterSnapshot, JobView
 
 
 def order(
@@ -63,7 +63,7 @@ def paced(
     its last job ends. The jobs that cannot finish by then at their cheapest size must
     start now, beside the short ones, not after them (least GPU-time first would start
     them last, and they would end alone on a cluster they cannot use well). "By then"
-    is the least makespan of every known job's remaining work (`scheduler.makespan`, a
+    is the least makespan of every known job's remaining work (`scheduler.core.makespan`, a
     bound no schedule reaches). A paced job runs on the most GPUs (of its sizes) no
     wider than the width it needs on average to finish by then (its least GPU-seconds
     to do so over that time); narrower, it falls behind, and the bound, computed again

@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass, field
 
 from jigsaw.jobspec import SPBConfig
+from scheduler.core.snapshot import GPUView, JobView
 from scheduler.policies.jigsaw.layout import Layout
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.policies.jigsaw.spb_choice import hosting_config, own_config
-from scheduler.snapshot import GPUView, JobView
 
 
 def pack(

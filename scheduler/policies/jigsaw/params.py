@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from jigsaw.jobspec import SPBConfig
-from scheduler.jobmodel import INTERFERENCE
+from scheduler.core.jobmodel import INTERFERENCE
 
 # The SPB configurations JigSaw chooses from (the simulator's assumed profiles price
 # exactly these).
@@ -34,7 +34,7 @@ class JigsawParams(BaseModel):
         default=INTERFERENCE,
         ge=0.0,
         description="Slowdown JigSaw predicts for jobs sharing a GPU (a fraction); the "
-        "co-location rule of `scheduler.jobmodel`.",
+        "co-location rule of `scheduler.core.jobmodel`.",
     )
     starvation_seconds: float = Field(
         default=12 * 3600.0,

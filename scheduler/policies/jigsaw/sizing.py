@@ -8,11 +8,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from jigsaw import spb
+from scheduler.core.snapshot import GPUView, JobView
 from scheduler.policies.jigsaw.layout import Layout
 from scheduler.policies.jigsaw.spb_choice import own_config
 from scheduler.policies.jigsaw.speeds import efficient_size, remaining_seconds_at
 from scheduler.policies.placement import FreePool, remaining_seconds
-from scheduler.snapshot import GPUView, JobView
 
 
 @dataclass(frozen=True)

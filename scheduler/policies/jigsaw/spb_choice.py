@@ -7,10 +7,10 @@ from functools import lru_cache
 
 from jigsaw import spb
 from jigsaw.jobspec import SPBConfig
-from scheduler.jobmodel import JobModel, Shape
+from scheduler.core.jobmodel import JobModel, Shape
+from scheduler.core.snapshot import JobView
 from scheduler.policies.jigsaw.layout import Layout
 from scheduler.policies.jigsaw.params import JigsawParams
-from scheduler.snapshot import JobView
 
 _CACHED = 1 << 16  # entries per function: the placements of the active jobs
 
@@ -19,13 +19,13 @@ def chooses_spb(job: JobView) -> bool:
     """Whether the policy may choose the job's SPB configuration: only when its spec
     leaves it to the scheduler (`auto`; the simulator's traces carry no setting and are
     all left to it)."""
-    return job.spec.get("spb", "auto") == "auto"
+    return job.spb_setting == "auto"
 
 
 def own_config(job: JobView) -> SPBConfig | None:
     """The configuration the job runs at unless the policy chooses one: its spec's fixed
     configuration, else off."""
-    return spb.resolve(job.spec.get("spb"))
+    return spb.resolve(job.spb_setting)
 
 
 def choose(layout: Layout, kept_guests: set[int], params: JigsawParams) -> None:

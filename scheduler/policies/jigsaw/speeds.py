@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from scheduler.jobmodel import JobModel
-from scheduler.makespan import Curve, hull
-from scheduler.snapshot import JobView
+from scheduler.core.jobmodel import JobModel
+from scheduler.core.makespan import Curve, hull
+from scheduler.core.snapshot import JobView
 
 _CACHED = 1 << 16  # entries per function: the active jobs' sizes, several rounds over
 
@@ -32,7 +32,7 @@ def per_gpu_values(model: JobModel, per_node: int) -> dict[int, float]:
 @lru_cache(maxsize=_CACHED)
 def curve(model: JobModel, per_node: int) -> Curve:
     """The (seconds, GPU-seconds) per iteration by size, on the fewest nodes at full
-    backprop, as a lower convex hull (`scheduler.makespan.hull`)."""
+    backprop, as a lower convex hull (`scheduler.core.makespan.hull`)."""
     return hull((t, w * t) for w, t in steps_by_size(model, per_node).items())
 
 

@@ -34,7 +34,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from jigsaw import spb
-from scheduler.jobmodel import JobModel
+from scheduler.core.jobmodel import JobModel
 from scheduler.orm import IterationMetric, Job, ModelProfile
 
 logger = logging.getLogger(__name__)

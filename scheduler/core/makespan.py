@@ -27,7 +27,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 
 from jigsaw.jobspec import SPBConfig
-from scheduler.jobmodel import JobModel
+from scheduler.core.jobmodel import JobModel
 
 # (seconds to finish, GPU-seconds it costs), fastest first.
 Curve = list[tuple[float, float]]

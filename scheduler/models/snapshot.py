@@ -1,0 +1,126 @@
+"""Read the cluster into a `ClusterSnapshot` (scheduler.core.snapshot) for one round."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from pydantic import TypeAdapter
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from jigsaw.jobspec import SPBSetting
+from scheduler.core.snapshot import (
+    ACTIVE_STATES,
+    ClusterSnapshot,
+    GPUView,
+    JobView,
+    NodeView,
+)
+from scheduler.core.states import JobState, SuspendedBy
+from scheduler.models.measured import ActiveJob, job_models
+from scheduler.orm import GPU, Agent, Allocation, Job, Node
+
+# A stored spec was validated at submission: only its SPB setting is parsed again.
+_SPB_SETTING: TypeAdapter[SPBSetting] = TypeAdapter(SPBSetting)
+
+
+def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
+    """Read the cluster in eight queries, whatever its size (nodes, GPUs, holds, service,
+    jobs, the newest submission, and the jobs' recent iterations and SPB profiles for
+    their models)."""
+    # A node without an agent, or whose agent timed out, offers no capacity; a removed
+    # node is not part of the cluster.
+    node_rows = session.execute(
+        select(Node.id, Node.name, Agent.alive, Node.schedulable, Node.drained_at, Node.address)
+        .outerjoin(Agent, Agent.node_id == Node.id)
+        .where(Node.removed_at.is_(None))
+        .order_by(Node.name)  # names are unique: every later iteration is deterministic
+    ).all()
+    holders: dict[int, list[int]] = defaultdict(list)
+    held_by_job: dict[int, list[int]] = defaultdict(list)
+    spb_of_job: dict[int, dict[str, Any]] = {}
+    for job_id, gpu_id, spb in session.execute(
+        select(Allocation.job_id, Allocation.gpu_id, Allocation.spb)
+        .where(Allocation.released_at.is_(None))
+        .order_by(Allocation.job_id, Allocation.rank)
+    ):
+        holders[gpu_id].append(job_id)
+        held_by_job[job_id].append(gpu_id)
+        spb_of_job[job_id] = spb  # the loop keeps every allocation of a hold alike
+
+    # Service attained (Tiresias) and the current hold's start, from every allocation of
+    # the active jobs: one row per rank and hold, so GPU-seconds add up directly.
+    attained: dict[int, float] = defaultdict(float)
+    held_since: dict[int, datetime] = {}
+    active = [state.value for state in ACTIVE_STATES]
+    for job_id, created, released in session.execute(
+        select(Allocation.job_id, Allocation.created_at, Allocation.released_at)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(Job.state.in_(active))
+    ):
+        attained[job_id] += max(((released or now) - created).total_seconds(), 0.0)
+        if released is None:
+            held_since[job_id] = min(held_since.get(job_id, created), created)
+
+    gpus_by_node: dict[int, list[GPUView]] = defaultdict(list)
+    for gpu, node_name in session.execute(
+        select(GPU, Node.name)
+        .join(Node, Node.id == GPU.node_id)
+        .where(Node.removed_at.is_(None))
+        .order_by(GPU.index)
+    ):
+        gpus_by_node[gpu.node_id].append(
+            GPUView(
+                id=gpu.id,
+                node_id=gpu.node_id,
+                node_name=node_name,
+                index=gpu.index,
+                kind=gpu.kind,
+                memory_bytes=gpu.memory_bytes,
+                holders=tuple(holders.get(gpu.id, ())),
+            )
+        )
+    nodes = tuple(
+        NodeView(
+            id=node_id,
+            name=name,
+            alive=bool(alive),
+            gpus=tuple(gpus_by_node[node_id]),
+            # Kubernetes' verdict and the admin's drain are kept apart; either stops it.
+            schedulable=bool(schedulable) and drained_at is None,
+            address=address,
+        )
+        for node_id, name, alive, schedulable, drained_at, address in node_rows
+    )
+
+    rows = list(session.scalars(select(Job).where(Job.state.in_(active))))
+    models = job_models(
+        session,
+        (ActiveJob(job.id, job.workers, job.spec, spb_of_job.get(job.id) or {}) for job in rows),
+        active,
+        max((gpu.memory_bytes for gpus in gpus_by_node.values() for gpu in gpus), default=0),
+    )
+    jobs = tuple(
+        JobView(
+            id=job.id,
+            state=JobState(job.state),
+            priority=job.priority,
+            workers=job.workers,
+            created_at=job.created_at,
+            allocated_gpu_ids=tuple(held_by_job.get(job.id, ())),
+            iterations_done=job.iterations_done,
+            spb=dict(spb_of_job.get(job.id) or {}),
+            attained_gpu_seconds=attained.get(job.id, 0.0),
+            held_since=held_since.get(job.id),
+            preempted=job.state == JobState.SUSPENDED and job.suspended_by == SuspendedBy.POLICY,
+            model=models.get(job.id),
+            spb_setting=_SPB_SETTING.validate_python(job.spec.get("spb", "off")),
+            max_iterations=job.spec.get("max_iterations"),
+        )
+        for job in rows
+    )
+    # Ids grow with submission: the newest job is the highest id (its primary key).
+    newest = session.scalar(select(Job.created_at).order_by(Job.id.desc()).limit(1))
+    return ClusterSnapshot(nodes=nodes, jobs=jobs, now=now, last_submitted_at=newest)
