@@ -1,1 +1,1 @@
-"""An example user trial: see spirals.py, and spirals.yaml for the job that runs it."""
+"""An example user trial, shipped with its job: see trial.py, and ../spirals.yaml."""
