@@ -124,7 +124,10 @@ class JigsawClient:
     def upload_code(self, archive: bytes) -> dict[str, Any]:
         """Store a code archive (`jigsaw.codearchive.pack`); answers its digest."""
         return self._request(
-            "POST", "/v1/code", content=archive, headers={"content-type": "application/gzip"}
+            "POST",
+            "/v1/code",
+            content=archive,
+            headers={"content-type": "application/octet-stream"},
         )
 
     def list_jobs(

@@ -23,7 +23,7 @@ from scheduler.settings import APISettings, SchedulerSettings
 from tests.conftest import LiveApi
 
 KIB = 1024
-GZIP = {"content-type": "application/gzip"}
+GZIP = {"content-type": "application/octet-stream"}
 SPEC: dict[str, Any] = {"name": "mine", "workload": "my_pkg.trial:Mine", "max_iterations": 5}
 
 

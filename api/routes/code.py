@@ -32,7 +32,9 @@ def limits_of(request: Request) -> codearchive.Limits:
     openapi_extra={
         "requestBody": {
             "required": True,
-            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
         }
     },
 )
