@@ -54,7 +54,8 @@ _PLACED = (JobState.SCHEDULED, JobState.RUNNING)
 _RELEASED = (*TERMINAL, JobState.SUSPENDED)
 # A job's message holds the end of an error, not a whole log.
 _MESSAGE_CHARS = 4000
-# Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT once every this many rounds.
+# Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT, and code archives past their
+# retention deleted, once every this many rounds.
 _PRUNE_EVERY = 100
 
 

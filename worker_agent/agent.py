@@ -3,7 +3,8 @@
 The agent dials the scheduler (`jigsaw.v2.AgentService`). On the stream it sends a Hello
 with what still runs here (each run with its attempt), heartbeats, batched iteration
 reports, evaluations, log lines and job exits, and it hands the scheduler's commands to
-the `Supervisor` (`wire` converts both ways). When the scheduler is unreachable or
+the `Supervisor` (`wire` converts both ways); a launch whose spec names code gets it
+unpacked first (`code.CodeCache`, fetched with `FetchCode`). When the scheduler is unreachable or
 restarting, jobs keep running and the agent redials with randomized exponential backoff;
 a refused token is fatal. Every call carries the process's instance key, drawn once at
 start: while another agent process holds this node's name the scheduler answers
