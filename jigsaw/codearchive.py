@@ -4,7 +4,8 @@ The CLI packs a directory (`pack`), the API checks an upload before storing it u
 its digest (`check`), and each agent checks it again, against the digest the job names,
 before unpacking it (`unpack`): a user wrote the archive, so nothing in it is trusted.
 An archive holds regular files and directories only, under relative paths without
-`..`; tarfile's `data` filter enforces the same again at extraction.
+`..` (tarfile's `data` filter enforces the same again at extraction), and no top-level
+module that would stand in for one of the standard library or of JigSaw.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import io
 import os
 import re
+import sys
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -28,6 +30,11 @@ ALWAYS_IGNORED = (".git/", "__pycache__/", "*.pyc", ".jigsawignore")
 _DIGEST = re.compile(DIGEST_PATTERN)
 # The most any deployment may let a code archive be (JIGSAW_API_MAX_CODE_BYTES's bound).
 MAX_BYTES_CEILING = 1024 * 1024 * 1024
+# Top-level modules an archive may not hold: first on the workers' import path, they
+# would stand in for the standard library's or JigSaw's own (the runtime's) modules.
+SHADOWING = frozenset(
+    sys.stdlib_module_names | {"jigsaw", "worker_agent", "api", "scheduler", "migrations"}
+)
 # Where `check` pretends to extract, so tarfile's data filter judges every path.
 _NOWHERE = "/jigsaw-code"
 
@@ -128,12 +135,28 @@ def _check_member(member: tarfile.TarInfo) -> None:
     name = member.name
     if not (member.isreg() or member.isdir()):
         raise ArchiveError(f"{name!r} is not a regular file or directory (links are refused)")
-    if name.startswith("/") or ".." in PurePosixPath(name).parts:
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or ".." in parts:
         raise ArchiveError(f"{name!r} leaves the archive's directory")
+    module = _top_level_module(parts) if member.isreg() else None
+    if module in SHADOWING:
+        raise ArchiveError(
+            f"{name!r} would stand in for module {module!r} of the standard library or of "
+            "JigSaw in the job's workers: rename it (or name it in .jigsawignore)"
+        )
     try:
         tarfile.data_filter(member, _NOWHERE)
     except tarfile.FilterError as exc:
         raise ArchiveError(f"{name!r}: {exc}") from None
+
+
+def _top_level_module(parts: tuple[str, ...]) -> str | None:
+    """The module a file defines at the archive's top (`x.py`, `x/__init__.py`)."""
+    if len(parts) == 1 and parts[0].endswith(".py"):
+        return parts[0].removesuffix(".py")
+    if len(parts) == 2 and parts[1] == "__init__.py":
+        return parts[0]
+    return None
 
 
 def _ignore_spec(directory: Path) -> pathspec.PathSpec:

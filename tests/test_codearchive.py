@@ -101,6 +101,8 @@ def test_pack_refuses_links_and_directories_over_the_limits(tmp_path: Path) -> N
         (_special("hard", tarfile.LNKTYPE, "pkg/a.py"), "not a regular file or directory"),
         (_special("dev", tarfile.CHRTYPE), "not a regular file or directory"),
         (_special("fifo", tarfile.FIFOTYPE), "not a regular file or directory"),
+        (lambda tar: _file(tar, "json.py"), "stand in for module 'json'"),
+        (lambda tar: _file(tar, "worker_agent/__init__.py"), "module 'worker_agent'"),
     ],
 )
 def test_check_refuses_members_outside_the_directory_and_links(
@@ -113,6 +115,11 @@ def test_check_refuses_members_outside_the_directory_and_links(
     with pytest.raises(ArchiveError, match=reason):
         codearchive.unpack(data, codearchive.digest_of(data), tmp_path / "out", LIMITS)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_modules_named_like_the_standard_library_are_fine_below_the_top() -> None:
+    data = _archive(lambda tar: [_file(tar, "pkg/json.py"), _file(tar, "test/helpers.py")])
+    codearchive.check(data, LIMITS)
 
 
 def test_check_refuses_bombs_and_what_is_not_a_gzipped_tar() -> None:
