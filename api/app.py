@@ -7,7 +7,7 @@ from fastapi_offline import FastAPIOffline
 
 from api import dashboard, errors, observability
 from api.guards import RequestGuard
-from api.routes import cluster, health, jobs, nodes, profiles, scheduler, tokens
+from api.routes import cluster, code, health, jobs, nodes, profiles, scheduler, tokens
 from scheduler.db import engine_from_settings, session_factory
 from scheduler.models.users import TokenVerifier
 from scheduler.settings import Settings, get_settings
@@ -29,7 +29,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Middleware added later wraps what was added before: the guard runs inside the
     # metrics (its refusals are counted) and before any route reads a body.
     app.add_middleware(
-        RequestGuard, tokens=app.state.tokens, max_body_bytes=settings.api.max_body_bytes
+        RequestGuard,
+        tokens=app.state.tokens,
+        max_body_bytes=settings.api.max_body_bytes,
+        # Only the code upload reads more: up to its own limit.
+        route_limits={code.PATH: settings.api.max_code_bytes},
     )
     app.state.metrics = observability.install(app)
     # The scheduler leader in this process (api/server.py) reports through it.
@@ -37,6 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for router in (
         health.router,
         jobs.router,
+        code.router,
         cluster.router,
         scheduler.router,
         profiles.router,

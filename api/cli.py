@@ -39,6 +39,7 @@ from api.client import ApiError, JigsawClient
 from api.credentials import resolve
 from api.simulate import simulate
 from api.specfile import SpecFileError, read_spec_file
+from jigsaw import codearchive
 from jigsaw.jobspec import Hyperparameters, JobSpec, TargetMetric, checked_workload
 from scheduler.core.states import JobState
 from scheduler.settings import Settings
@@ -434,12 +435,33 @@ def agent(
 def submit(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON.", show_default=False)],
+    code: Annotated[
+        Path | None,
+        typer.Option(
+            "--code",
+            help="Upload this directory (less what its .jigsawignore names) as the job's "
+            "code: the agents put it first on the workers' import path.",
+            file_okay=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the created job as JSON.")] = False,
 ) -> None:
-    """Validate a job spec file locally, then submit it."""
+    """Validate a job spec file locally, then submit it (with its code: --code DIR)."""
     spec = validate_spec(file, load_spec_file(file))
+    submitted = spec.model_dump(mode="json", exclude_unset=True)
+    archive = None
+    if code is not None:
+        try:
+            # The API's own limit (JIGSAW_API_MAX_CODE_BYTES) is checked on upload.
+            archive = codearchive.pack(
+                code, codearchive.Limits(max_bytes=codearchive.MAX_BYTES_CEILING)
+            )
+        except (codearchive.ArchiveError, OSError) as exc:
+            _fail(f"--code {code}: {exc}", EXIT_BAD_INPUT)
     with _api(ctx) as client:
-        job = client.submit(spec.model_dump(mode="json", exclude_unset=True))
+        if archive is not None:
+            submitted["code"] = client.upload_code(archive)["digest"]
+        job = client.submit(submitted)
     if as_json:
         _echo_json(job)
         return

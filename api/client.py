@@ -121,6 +121,15 @@ class JigsawClient:
     def submit(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         return self._request("POST", "/v1/jobs", json=dict(spec))
 
+    def upload_code(self, archive: bytes) -> dict[str, Any]:
+        """Store a code archive (`jigsaw.codearchive.pack`); answers its digest."""
+        return self._request(
+            "POST",
+            "/v1/code",
+            content=archive,
+            headers={"content-type": "application/octet-stream"},
+        )
+
     def list_jobs(
         self,
         *,

@@ -1,9 +1,10 @@
 """What every HTTP request must pass before a route sees it, checked in one place.
 
 A plain ASGI middleware in front of the routes (see api/app.py for its place):
-  1. a body larger than `api.max_body_bytes` is refused 413 without being read: at once
-     when its Content-Length says so, else (chunked) as soon as what arrived passes the
-     limit;
+  1. a body larger than `api.max_body_bytes` (on a route of `route_limits`, its own
+     limit, e.g. `api.max_code_bytes` for code uploads) is refused 413 without being read:
+     at once when its Content-Length says so, else (chunked) as soon as what arrived
+     passes the limit;
   2. a NUL character in the path or the query string is refused 422 with where it was
      (PostgreSQL text cannot hold NUL; no legitimate name or value needs one);
   3. under /v1 the bearer token is verified before the body is read: FastAPI reads a
@@ -19,6 +20,7 @@ Its refusals close the connection, so an unread body is never drained either.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
@@ -62,19 +64,30 @@ class _TooLarge(Exception):
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, *, tokens: TokenVerifier, max_body_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tokens: TokenVerifier,
+        max_body_bytes: int,
+        route_limits: Mapping[str, int] | None = None,
+    ) -> None:
+        """`route_limits`: the body limit of these paths (exactly), instead of
+        `max_body_bytes`."""
         self.app = app
         self.tokens = tokens
         self.max_body_bytes = max_body_bytes
+        self.route_limits = dict(route_limits or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        limit = self.route_limits.get(scope.get("path", "").rstrip("/"), self.max_body_bytes)
         declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._refuse(scope, receive, send, *self._too_large())
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, receive, send, *_too_large(limit))
             return
         if scope.get("path", "").startswith(_AUTHENTICATED_PREFIX):
             try:
@@ -92,11 +105,11 @@ class RequestGuard:
             await self._refuse(scope, receive, send, *_invalid(nul))
             return
         try:
-            body = await self._read_body(receive)
+            body = await _read_body(receive, limit)
         except _Disconnected:
             return
         except _TooLarge:
-            await self._refuse(scope, receive, send, *self._too_large())
+            await self._refuse(scope, receive, send, *_too_large(limit))
             return
         if body and _is_json(headers):
             problems = strict_json.problems_in(body)
@@ -104,24 +117,6 @@ class RequestGuard:
                 await self._refuse(scope, receive, send, *_invalid(problems))
                 return
         await self.app(scope, _replay(body, receive), send)
-
-    async def _read_body(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise _TooLarge
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
-    def _too_large(self) -> tuple[int, str, list[dict[str, str]]]:
-        return 413, f"request body larger than {self.max_body_bytes} bytes", []
 
     @staticmethod
     async def _refuse(
@@ -135,6 +130,26 @@ class RequestGuard:
     ) -> None:
         response = error_response(status, message, list(details), {**(headers or {}), **_CLOSE})
         await response(scope, receive, send)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _too_large(limit: int) -> tuple[int, str, list[dict[str, str]]]:
+    return 413, f"request body larger than {limit} bytes", []
 
 
 def _invalid(problems: list[dict[str, str]]) -> tuple[int, str, list[dict[str, str]]]:

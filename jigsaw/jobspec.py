@@ -8,6 +8,7 @@ the field path of every error.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from typing import Annotated, Literal
@@ -16,10 +17,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from jigsaw.codearchive import DIGEST_PATTERN
 
 # Built-in workloads the training runtime ships (see worker_agent/), with the number of
 # layers that own parameters in each model: the most stages SPB can cut it into. Known
@@ -94,10 +98,45 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
+# The trial's own hyperparameters: scalars or flat lists of them, a bounded number of
+# bounded values, so a spec stays small in the database and in every launch command.
+TRIAL_HYPERPARAMETERS_MAX = 64
+TRIAL_HYPERPARAMETERS_MAX_JSON_BYTES = 16_384
+_TrialScalar = bool | int | float | Annotated[str, StringConstraints(max_length=1024)]
+TrialValue = _TrialScalar | Annotated[list[_TrialScalar], Field(max_length=1024)]
+_TRIAL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
 class Hyperparameters(StrictModel):
     batch_size: int = Field(default=64, ge=1, le=1_048_576, description="Global batch size.")
     learning_rate: float = Field(default=0.01, gt=0, le=100, description="Learning rate.")
     optimizer: Literal["sgd", "adam", "kfac"] = Field(default="sgd", description="Optimizer.")
+    trial: dict[str, TrialValue] = Field(
+        default_factory=dict,
+        description="The trial's own hyperparameters, passed to it as "
+        "`context.hyperparameters.trial`: names of letters, digits and '_', values numbers, "
+        f"strings, booleans or flat lists of them; at most {TRIAL_HYPERPARAMETERS_MAX}, "
+        f"{TRIAL_HYPERPARAMETERS_MAX_JSON_BYTES} bytes as JSON.",
+    )
+
+    @field_validator("trial")
+    @classmethod
+    def _bounded(cls, trial: dict[str, TrialValue]) -> dict[str, TrialValue]:
+        if len(trial) > TRIAL_HYPERPARAMETERS_MAX:
+            raise ValueError(
+                f"{len(trial)} trial hyperparameters: at most {TRIAL_HYPERPARAMETERS_MAX}"
+            )
+        bad = sorted(key for key in trial if not _TRIAL_KEY.fullmatch(key))
+        if bad:
+            raise ValueError(
+                f"names {bad[:5]} are not identifiers of at most 64 letters, digits and '_'"
+            )
+        size = len(json.dumps(trial, separators=(",", ":")).encode())
+        if size > TRIAL_HYPERPARAMETERS_MAX_JSON_BYTES:
+            raise ValueError(
+                f"{size} bytes as JSON: at most {TRIAL_HYPERPARAMETERS_MAX_JSON_BYTES}"
+            )
+        return trial
 
 
 class TargetMetric(StrictModel):
@@ -196,6 +235,19 @@ class JobSpec(StrictModel):
     )
     max_retries: int = Field(
         default=0, ge=0, le=10, description="Relaunches after a training process crashes."
+    )
+    eval_every: int = Field(
+        default=100,
+        ge=1,
+        le=10**9,
+        description="Iterations between evaluations of the trial (and checks of target_metric).",
+    )
+    code: str | None = Field(
+        default=None,
+        pattern=DIGEST_PATTERN,
+        description="`sha256:<hex>` of a code archive uploaded with `POST /v1/code` "
+        "(`jigsaw submit --code DIR` uploads and sets it): the agents unpack it and put "
+        "it first on the workers' import path, where `workload` is then found.",
     )
 
     @field_validator("name", "queue")

@@ -33,6 +33,7 @@ from scheduler.core.validate import validate
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import agents, allocations
+from scheduler.models import code as code_models
 from scheduler.models import jobs as job_models
 from scheduler.models.nodes import drain_suspended, on_drained_node
 from scheduler.models.rounds import prune_rounds, record_round
@@ -56,7 +57,8 @@ _PLACED = (JobState.SCHEDULED, JobState.RUNNING)
 _RELEASED = (*TERMINAL, JobState.SUSPENDED)
 # A job's message holds the end of an error, not a whole log.
 _MESSAGE_CHARS = 4000
-# Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT once every this many rounds.
+# Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT, and code archives past their
+# retention deleted, once every this many rounds.
 _PRUNE_EVERY = 100
 
 
@@ -81,6 +83,7 @@ class SchedulerService:
         self._conflicts = 0
         self._decisions: list[Decision] = []
         self._recorded = 0
+        self._rounds = 0
 
     def run_forever(self, stop: threading.Event, leading: Callable[[], bool] | None = None) -> None:
         """Run rounds every `round_seconds` until `stop` is set, or until `leading` (the
@@ -99,6 +102,9 @@ class SchedulerService:
                 result = self.run_round(now)
                 logger.debug("round: %s", result)
                 self.record(result)
+                self._rounds += 1
+                if self._rounds % _PRUNE_EVERY == 1:
+                    self.expire_code(now)
             except Exception as exc:
                 logger.exception("scheduling round failed; retrying next round")
                 partial = RoundResult(
@@ -126,6 +132,14 @@ class SchedulerService:
                     prune_rounds(session, keep)
         except Exception:
             logger.exception("could not store the scheduling round")
+
+    def expire_code(self, now: datetime) -> int:
+        """Delete the code archives past their retention (`code_retention_seconds`)."""
+        with transaction(self._factory) as session:
+            expired = code_models.expire(session, now, self._settings.code_retention_seconds)
+        if expired:
+            logger.info("deleted %d code archive(s) past their retention", expired)
+        return expired
 
     def run_round(self, now: datetime | None = None) -> RoundResult:
         now = now or utcnow()

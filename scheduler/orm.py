@@ -18,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -157,6 +158,7 @@ class Job(Base):
     __table_args__ = (
         Index("ix_jobs_state_priority_id", "state", "priority", "id"),
         Index("ix_jobs_owner_id_id", "owner_id", "id"),
+        Index("ix_jobs_code_digest", "code_digest"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
@@ -184,6 +186,8 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    # spec.code: the code archive the job runs, which is kept while the job needs it.
+    code_digest: Mapped[str | None] = mapped_column(String(71), default=None)
 
     owner: Mapped[User] = relationship()
 
@@ -250,6 +254,21 @@ class JobLog(Base):
     level: Mapped[str] = mapped_column(String(16), default="INFO")
     message: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class CodeArchive(Base):
+    """A job's code as uploaded (a gzipped tar, `jigsaw.codearchive`), by its digest.
+
+    Content-addressed: the same code uploaded twice is one row. Deleted once no job that
+    names it is running or ended within the code retention (scheduler.models.code)."""
+
+    __tablename__ = "code_archives"
+
+    digest: Mapped[str] = mapped_column(String(71), primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    # Its last upload: uploading the same code again restarts its retention.
+    uploaded_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class ModelProfile(Base):

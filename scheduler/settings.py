@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from jigsaw.codearchive import MAX_BYTES_CEILING
 from jigsaw.home import HomeSettings
 from scheduler.policies.jigsaw.params import JigsawParams
 
@@ -77,6 +78,13 @@ class APISettings(BaseSettings):
         ge=1024,
         description="Largest request body the API reads; a larger one gets 413 unread.",
     )
+    max_code_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1024,
+        le=MAX_BYTES_CEILING,
+        description="Largest code archive `POST /v1/code` (`jigsaw submit --code`) takes; "
+        "a larger one gets 413 unread. Only that route reads bodies beyond max_body_bytes.",
+    )
     refuse_unplaceable: bool = Field(
         default=True,
         description="Refuse (422) a job asking for more GPUs than the cluster has ever "
@@ -125,6 +133,12 @@ class SchedulerSettings(BaseSettings):
         ge=0,
         description="Recent rounds (latency and decisions) kept in the database for the "
         "dashboard's scheduler view; 0 stores none.",
+    )
+    code_retention_seconds: float = Field(
+        default=7 * 24 * 3600.0,
+        ge=0,
+        description="How long a code archive is kept after the last job that names it "
+        "ended (or after its upload, when no job names it).",
     )
     leader_retry_seconds: float = Field(
         default=2.0,

@@ -22,6 +22,7 @@ from api.cli import load_spec_file, sparkline, validate_spec
 from api.client import ApiError, JigsawClient
 from api.credentials import Credentials, load_credentials, resolve, save_credentials
 from api.server import free_port
+from jigsaw import codearchive
 from scheduler.db import make_engine, session_factory, transaction
 from scheduler.models.metrics import record
 from scheduler.orm import Job
@@ -274,6 +275,33 @@ def test_node_drain_shows_in_cluster_and_remove_is_refused_while_served(server: 
 
 
 # -- no server needed -----------------------------------------------------------------
+
+
+def test_submit_code_ships_a_directory_and_refuses_what_cannot_be_shipped(
+    server: Server, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path / "job.yaml", name="shipped", workload="my_pkg.trial:Mine")
+    project = tmp_path / "project"
+    (project / "my_pkg").mkdir(parents=True)
+    (project / "my_pkg" / "trial.py").write_text("WIDTH = 3\n")
+    job = cli_json(server.home, "submit", str(spec), "--code", str(project))
+    assert job["spec"]["code"] == codearchive.digest_of(
+        codearchive.pack(project, codearchive.Limits())
+    )
+
+    missing = cli(
+        server.home, "submit", str(spec), "--code", str(tmp_path / "nowhere"), check=False
+    )
+    assert missing.returncode == 2 and "is not a directory" in missing.stderr
+    (project / "passwords").symlink_to("/etc/passwd")
+    linked = cli(server.home, "submit", str(spec), "--code", str(project), check=False)
+    assert linked.returncode == 2 and "is a symbolic link" in linked.stderr
+    (project / "passwords").unlink()
+    (project / "json.py").write_text("")
+    shadowing = cli(server.home, "submit", str(spec), "--code", str(project), check=False)
+    assert shadowing.returncode != 0 and "stand in for module 'json'" in shadowing.stderr
+    for result in (missing, linked, shadowing):
+        assert "Traceback" not in result.stderr
 
 
 def test_bad_spec_exits_2_with_field_paths(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""The README's example trial as a user runs it: `jigsaw up --local-agents 2` with
-examples/ on the agents' PYTHONPATH, `jigsaw submit examples/my_trial/spirals.yaml`, and
-the job trains to its target on real worker processes."""
+"""The README's example trial as a user runs it: `jigsaw up --local-agents 2` (agents
+that have never seen the trial), `jigsaw submit examples/spirals/spirals.yaml --code
+examples/spirals`, and the job trains to its target on real worker processes."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from api.client import JigsawClient
 from tests.cluster import ended, wait_for
 from tests.servers import JIGSAW, clean_env, jigsaw_up_with
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-SPEC = EXAMPLES / "my_trial" / "spirals.yaml"
+PROJECT = Path(__file__).resolve().parents[1] / "examples" / "spirals"
+SPEC = PROJECT / "spirals.yaml"
 
 
 def test_the_example_trial_trains_to_its_target_on_local_agents(
@@ -24,10 +24,10 @@ def test_the_example_trial_trains_to_its_target_on_local_agents(
 ) -> None:
     pytest.importorskip("torch")  # the train extra (not in the control-plane subset)
     home = tmp_path / "home"
-    env = {"JIGSAW_DATABASE_URL": db_url, "PYTHONPATH": str(EXAMPLES)}
+    env = {"JIGSAW_DATABASE_URL": db_url}
     with jigsaw_up_with(home, ["--local-agents", "2"], env) as server:
         submitted = subprocess.run(
-            [*JIGSAW, "submit", str(SPEC), "--json"],
+            [*JIGSAW, "submit", str(SPEC), "--code", str(PROJECT), "--json"],
             env=clean_env(home),
             capture_output=True,
             text=True,
@@ -47,6 +47,8 @@ def test_the_example_trial_trains_to_its_target_on_local_agents(
             wait_for(done, f"job {job_id} ended", seconds=240)
 
     assert job["state"] == "SUCCEEDED", job["message"]
-    assert job["spec"]["workload"] == "my_trial.spirals:TwoSpirals" and job["workers"] == 2
+    spec = job["spec"]
+    assert spec["workload"] == "spirals_trial.trial:TwoSpirals" and job["workers"] == 2
+    assert spec["code"].startswith("sha256:") and spec["spb"] == "auto"
     # It learned: the spec's target (accuracy 0.95 on held-out points) was reached.
     assert job["metrics"]["accuracy"] >= 0.95, job["metrics"]

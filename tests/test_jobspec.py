@@ -57,6 +57,51 @@ def test_bad_fields_name_their_path(patch: dict[str, Any], loc: str) -> None:
     assert any(path == loc or path.startswith(loc + ".") for path in locs), locs
 
 
+def test_the_trials_own_hyperparameters_are_free_form_scalars_and_lists() -> None:
+    trial = {"hidden": 64, "dropout": 0.1, "act": "relu", "residual": True, "widths": [8, 4]}
+    spec = JobSpec.model_validate(
+        {
+            **BASE,
+            "hyperparameters": {"trial": trial},
+            "eval_every": 25,
+            "code": "sha256:" + "0" * 64,
+        }
+    )
+    assert spec.hyperparameters.trial == trial and spec.eval_every == 25
+    assert JobSpec.model_validate(BASE).hyperparameters.trial == {}
+
+
+@pytest.mark.parametrize(
+    ("trial", "reason"),
+    [
+        ({"nested": {"a": 1}}, "hyperparameters.trial.nested"),
+        ({"deep": [[1]]}, "hyperparameters.trial.deep"),
+        ({"nan": float("nan")}, "hyperparameters.trial.nan"),
+        ({"long": "x" * 1025}, "hyperparameters.trial.long"),
+        ({"many": list(range(1025))}, "hyperparameters.trial.many"),
+        ({"not-a-name": 1}, "not identifiers"),
+        ({f"k{i}": i for i in range(65)}, "at most 64"),
+        ({f"k{i}": "x" * 1000 for i in range(20)}, "bytes as JSON"),
+    ],
+)
+def test_bad_trial_hyperparameters_are_refused_with_where(trial: Any, reason: str) -> None:
+    errors = _error_locs({**BASE, "hyperparameters": {"trial": trial}})
+    assert any(reason in path or reason in message for path, message in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("patch", "loc"),
+    [
+        ({"eval_every": 0}, "eval_every"),
+        ({"code": "sha256:" + "0" * 63}, "code"),
+        ({"code": "sha256:" + "G" * 64}, "code"),
+        ({"code": "/etc/passwd"}, "code"),
+    ],
+)
+def test_bad_eval_interval_or_code_digest_is_refused(patch: dict[str, Any], loc: str) -> None:
+    assert [path for path, _ in _error_locs({**BASE, **patch})] == [loc]
+
+
 def test_bad_spb_config_names_its_field() -> None:
     errors = _error_locs({**BASE, "spb": {"full_fraction": 1.5, "partial_depth": 0.5}})
     assert any("full_fraction" in path for path, _ in errors)

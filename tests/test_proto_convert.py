@@ -19,7 +19,13 @@ SPECS: list[dict[str, Any]] = [
     {
         "name": "every-field",
         "workload": "my_trials.vision:ResNetTrial",
-        "hyperparameters": {"batch_size": 96, "learning_rate": 0.25, "optimizer": "kfac"},
+        "hyperparameters": {
+            "batch_size": 96,
+            "learning_rate": 0.25,
+            "optimizer": "kfac",
+            # Integers stay integers on the wire, and lists keep their element types.
+            "trial": {"width": 64, "dropout": 0.5, "act": "gelu", "tied": True, "dims": [3, 2.5]},
+        },
         "workers": 3,
         "max_iterations": 10**12,
         "target_metric": {"name": "accuracy", "value": 0.875, "mode": "max"},
@@ -29,6 +35,8 @@ SPECS: list[dict[str, Any]] = [
         "backprop": "ooo",
         "ooo_first_k": 2,
         "max_retries": 10,
+        "eval_every": 7,
+        "code": "sha256:" + "ab" * 32,
     },
     {
         "name": "pipeline",
@@ -54,6 +62,18 @@ def test_a_spec_survives_the_wire(data: dict[str, Any]) -> None:
     spec = JobSpec.model_validate(data)
     wired = pb.JobSpec.FromString(convert.spec_message(spec).SerializeToString())
     assert convert.job_spec(wired) == spec
+
+
+def test_trial_hyperparameters_keep_their_types_and_bad_ones_are_refused() -> None:
+    spec = JobSpec.model_validate(SPECS[1])
+    wired = convert.job_spec(convert.spec_message(spec))
+    assert wired.hyperparameters.trial == SPECS[1]["hyperparameters"]["trial"]
+    assert type(wired.hyperparameters.trial["width"]) is int
+    message = convert.spec_message(spec)
+    for text, reason in (("{not json", "not JSON"), ('{"x": NaN}', "finite"), ("[1]", "dict")):
+        message.hyperparameters.trial_json = text
+        with pytest.raises(ValueError, match=reason):
+            convert.job_spec(message)
 
 
 def test_unset_optional_fields_stay_unset() -> None:

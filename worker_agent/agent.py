@@ -3,7 +3,8 @@
 The agent dials the scheduler (`jigsaw.v2.AgentService`). On the stream it sends a Hello
 with what still runs here (each run with its attempt), heartbeats, batched iteration
 reports, evaluations, log lines and job exits, and it hands the scheduler's commands to
-the `Supervisor` (`wire` converts both ways). When the scheduler is unreachable or
+the `Supervisor` (`wire` converts both ways); a launch whose spec names code gets it
+unpacked first (`code.CodeCache`, fetched with `FetchCode`). When the scheduler is unreachable or
 restarting, jobs keep running and the agent redials with randomized exponential backoff;
 a refused token is fatal. Every call carries the process's instance key, drawn once at
 start: while another agent process holds this node's name the scheduler answers
@@ -18,8 +19,8 @@ import random
 import secrets
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -27,6 +28,7 @@ from jigsaw import __version__
 from jigsaw.gpus import GpuSlot
 from jigsaw.proto.v2 import agent_pb2, agent_pb2_grpc
 from worker_agent import wire
+from worker_agent.code import LIMITS, CodeCache, CodeError
 from worker_agent.diagnosis import log_diagnosis
 from worker_agent.gpus import discover, probe_cuda
 from worker_agent.isolation import make_non_dumpable, token_file_warning
@@ -54,6 +56,9 @@ _BACKOFF_BASE_SECONDS = 0.5
 # buffer) would not notice for many minutes. Five minutes is the most frequent ping a
 # gRPC server accepts by default without answering GOAWAY "too_many_pings".
 _CHANNEL_OPTIONS = [("grpc.keepalive_time_ms", 300_000), ("grpc.keepalive_timeout_ms", 20_000)]
+# A job's code arrives while its launch waits: long enough for the largest archive.
+_FETCH_CODE_TIMEOUT_SECONDS = 300.0
+_CODE_CACHE = "code-cache"
 
 
 class AgentRejected(RuntimeError):
@@ -102,16 +107,14 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
     pump.start()
     channel = _channel(settings)
     identity = _Identity(settings.node_name, secrets.token_urlsafe(32))
+    stub = agent_pb2_grpc.AgentServiceStub(channel)
+    code_cache = CodeCache(
+        settings.work_dir / _CODE_CACHE,
+        _code_fetcher(settings, identity, stub),
+        supervisor.worker_identity,
+    )
     try:
-        _serve(
-            settings,
-            identity,
-            slots,
-            supervisor,
-            outbox,
-            agent_pb2_grpc.AgentServiceStub(channel),
-            stop,
-        )
+        _serve(settings, identity, slots, supervisor, code_cache, outbox, stub, stop)
     finally:
         channel.close()
         supervisor.close()
@@ -134,6 +137,7 @@ def _serve(
     identity: _Identity,
     slots: list[GpuSlot],
     supervisor: Supervisor,
+    code_cache: CodeCache,
     outbox: Outbox,
     stub: agent_pb2_grpc.AgentServiceStub,
     stop: threading.Event,
@@ -142,7 +146,7 @@ def _serve(
     while not stop.is_set():
         started = time.monotonic()
         try:
-            _session(settings, identity, slots, supervisor, outbox, stub, stop)
+            _session(settings, identity, slots, supervisor, code_cache, outbox, stub, stop)
             if not stop.is_set():
                 logger.warning("the scheduler ended the stream; reconnecting")
         except grpc.RpcError as exc:
@@ -194,6 +198,7 @@ def _session(
     identity: _Identity,
     slots: list[GpuSlot],
     supervisor: Supervisor,
+    code_cache: CodeCache,
     outbox: Outbox,
     stub: agent_pb2_grpc.AgentServiceStub,
     stop: threading.Event,
@@ -229,7 +234,7 @@ def _session(
     canceller.start()
     try:
         for message in call:
-            _dispatch(message, supervisor)
+            _dispatch(message, supervisor, code_cache)
     finally:
         ended.set()
         outbox.wake()  # the request generator stops taking messages for a dead stream
@@ -267,12 +272,14 @@ def _cancel_on_stop(call: grpc.Future, stop: threading.Event, ended: threading.E
             return
 
 
-def _dispatch(message: agent_pb2.SchedulerMessage, supervisor: Supervisor) -> None:
+def _dispatch(
+    message: agent_pb2.SchedulerMessage, supervisor: Supervisor, code_cache: CodeCache
+) -> None:
     kind = message.WhichOneof("command")
     if kind == "launch":
-        supervisor.launch(wire.job_launch(message.launch, supervisor.node))
+        _launch(message.launch, supervisor, code_cache)
     elif kind == "resume":
-        supervisor.launch(wire.job_launch(message.resume, supervisor.node))
+        _launch(message.resume, supervisor, code_cache)
     elif kind == "stop":
         supervisor.stop(message.stop.job_id, message.stop.reason)
     elif kind == "suspend":
@@ -292,6 +299,58 @@ def _dispatch(message: agent_pb2.SchedulerMessage, supervisor: Supervisor) -> No
         supervisor.reconfigure(command.job_id, command.config_version, config)
     else:
         logger.warning("unknown command from the scheduler (newer protocol?): %s", kind)
+
+
+def _launch(
+    command: agent_pb2.LaunchCommand, supervisor: Supervisor, code_cache: CodeCache
+) -> None:
+    """Start the launch, with the job's code unpacked first when its spec names some.
+
+    The code is fetched on the stream's reader, before later commands (a stop of this
+    very job among them) are read; a job that runs here already (a repeated command)
+    keeps the code it has. Code that cannot be made ready fails the launch with why.
+    """
+    digest = command.spec.code
+    code_dir, problem = None, None
+    if digest and command.job_id not in supervisor.runs():
+        try:
+            code_dir = code_cache.unpacked(
+                command.job_id, digest, supervisor.job_dir(command.job_id)
+            )
+        except CodeError as exc:
+            problem = f"the job's code: {exc}"
+    launch = wire.job_launch(command, supervisor.node, code_dir)
+    if problem is not None:
+        launch = replace(launch, configs=(), problem=problem)
+    supervisor.launch(launch)
+
+
+def _code_fetcher(
+    settings: AgentSettings, identity: _Identity, stub: agent_pb2_grpc.AgentServiceStub
+) -> Callable[[int, str], bytes]:
+    """Fetches a job's code archive over the agent's own channel and token."""
+
+    def fetch(job_id: int, digest: str) -> bytes:
+        request = agent_pb2.CodeRequest(
+            node_name=identity.node_name, instance=identity.instance, job_id=job_id, digest=digest
+        )
+        metadata = (("authorization", f"Bearer {settings.bearer_token()}"),)
+        chunks, size = [], 0
+        try:
+            for chunk in stub.FetchCode(
+                request, metadata=metadata, timeout=_FETCH_CODE_TIMEOUT_SECONDS
+            ):
+                size += len(chunk.data)
+                if size > LIMITS.max_bytes:
+                    raise CodeError(f"code {digest} is larger than {LIMITS.max_bytes} bytes")
+                chunks.append(chunk.data)
+        except grpc.RpcError as exc:
+            raise CodeError(
+                f"the scheduler did not send code {digest}: {exc.code().name}: {exc.details()}"
+            ) from None
+        return b"".join(chunks)
+
+    return fetch
 
 
 def _pump(supervisor: Supervisor, outbox: Outbox, stop: threading.Event) -> None:

@@ -143,6 +143,10 @@ class Supervisor:
         """The user workers run as; None: this process's own."""
         return self._identity
 
+    def job_dir(self, job_id: int) -> Path:
+        """The job's private directory: its ranks' configurations, logs and code."""
+        return self._work_dir / f"job-{job_id}"
+
     @property
     def control_address(self) -> str:
         return self._channel.address
@@ -343,7 +347,7 @@ class Supervisor:
         self, job: _Job, configs: Sequence[WorkerConfig], gpu_of_rank: dict[int, int]
     ) -> None:
         """Start the job's ranks (lock held)."""
-        directory = self._work_dir / f"job-{job.job_id}"
+        directory = self.job_dir(job.job_id)
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
             if self._identity is not None:

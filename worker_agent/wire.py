@@ -50,9 +50,12 @@ class InvalidCommand(ValueError):
     """A command that breaks the protocol; the text says why."""
 
 
-def job_launch(command: pb.LaunchCommand, node: NodeResources) -> JobLaunch:
-    """The launch a LaunchCommand asks of this node, with every rank's configuration,
-    or with the `problem` that keeps it from running here."""
+def job_launch(
+    command: pb.LaunchCommand, node: NodeResources, code_dir: Path | None = None
+) -> JobLaunch:
+    """The launch a LaunchCommand asks of this node, with every rank's configuration
+    (`code_dir`: the job's code, unpacked here), or with the `problem` that keeps it
+    from running here."""
     launch = JobLaunch(
         job_id=command.job_id,
         attempt=command.attempt,
@@ -61,7 +64,7 @@ def job_launch(command: pb.LaunchCommand, node: NodeResources) -> JobLaunch:
         gpus={assignment.rank: assignment.gpu_index for assignment in command.ranks},
     )
     try:
-        return replace(launch, configs=_worker_configs(command, node))
+        return replace(launch, configs=_worker_configs(command, node, code_dir))
     except InvalidCommand as exc:
         return replace(launch, problem=str(exc))
 
@@ -130,7 +133,9 @@ def running_jobs(runs: dict[int, tuple[int, dict[int, int]]]) -> list[pb.Running
     ]
 
 
-def _worker_configs(command: pb.LaunchCommand, node: NodeResources) -> tuple[WorkerConfig, ...]:
+def _worker_configs(
+    command: pb.LaunchCommand, node: NodeResources, code_dir: Path | None
+) -> tuple[WorkerConfig, ...]:
     """Every rank's configuration, or an InvalidCommand before anything starts."""
     if not command.ranks:
         raise InvalidCommand("the launch assigns no ranks to this node")
@@ -155,7 +160,9 @@ def _worker_configs(command: pb.LaunchCommand, node: NodeResources) -> tuple[Wor
         raise InvalidCommand(f"invalid spb: {exc}") from exc
     try:
         return tuple(
-            _worker_config(command, spec, launch_spb, node, assignment.rank, assignment.gpu_index)
+            _worker_config(
+                command, spec, launch_spb, node, assignment.rank, assignment.gpu_index, code_dir
+            )
             for assignment in command.ranks
         )
     except ValidationError as exc:
@@ -169,6 +176,7 @@ def _worker_config(
     node: NodeResources,
     rank: int,
     gpu_index: int,
+    code_dir: Path | None,
 ) -> WorkerConfig:
     return WorkerConfig(
         job_id=command.job_id,
@@ -184,12 +192,14 @@ def _worker_config(
         seed=command.job_id,
         max_iterations=spec.max_iterations,
         target_metric=spec.target_metric,
+        eval_every=spec.eval_every,
         backprop=spec.backprop,
         ooo_first_k=spec.ooo_first_k,
         pipeline=spec.pipeline,
         checkpoint_dir=Path(command.checkpoint_dir) if command.checkpoint_dir else None,
         checkpoint_every=command.checkpoint_every or None,
         data_dir=node.data_dir,
+        code_dir=code_dir,
         torch_threads=node.torch_threads,
         spb_enabled=spec.spb != "off",
         # A fresh SPB job measures its model for the scheduler's pricing.

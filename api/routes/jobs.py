@@ -26,6 +26,7 @@ from api.schemas import (
 from jigsaw.jobspec import JobSpec
 from scheduler.core.states import JobState
 from scheduler.db import transaction
+from scheduler.models import code as code_models
 from scheduler.models import jobs as job_models
 from scheduler.models import metrics as metric_models
 from scheduler.models.users import Principal
@@ -51,7 +52,8 @@ def _owned(session: Session, job_id: int, viewer: Principal) -> Job:
 def submit_job(request: Request, spec: JobSpec, user: User, factory: Factory) -> JobOut:
     """Queue a job; it belongs to the caller. One asking for more GPUs than the cluster
     has ever registered is refused (422) unless settings.api.refuse_unplaceable is off;
-    a job that waits because no capacity can hold it says why in `pending_reason`."""
+    a job that waits because no capacity can hold it says why in `pending_reason`. A
+    spec's `code` must name an archive uploaded with POST /v1/code (else 422)."""
     with transaction(factory) as session:
         if request.app.state.settings.api.refuse_unplaceable:
             registered = job_models.gpus_registered(session)
@@ -66,6 +68,14 @@ def submit_job(request: Request, spec: JobSpec, user: User, factory: Factory) ->
                     f"invalid request: workers: {message}",
                     [{"loc": "workers", "message": message}],
                 )
+        if spec.code is not None and not code_models.stored(session, spec.code):
+            message = (
+                f"no code archive {spec.code}: upload it first (POST /v1/code, or "
+                "`jigsaw submit --code DIR`)"
+            )
+            raise ApiProblem(
+                422, f"invalid request: code: {message}", [{"loc": "code", "message": message}]
+            )
         job = job_models.submit(session, spec, user)
         return JobOut.of(job, user.user_name)
 

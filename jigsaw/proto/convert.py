@@ -9,6 +9,7 @@ KeyError or a TypeError. Enums left UNSPECIFIED are invalid: every field is set.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
@@ -37,6 +38,7 @@ def spec_message(spec: JobSpec) -> pb.JobSpec:
             batch_size=spec.hyperparameters.batch_size,
             learning_rate=spec.hyperparameters.learning_rate,
             optimizer=_OPTIMIZERS[spec.hyperparameters.optimizer],
+            trial_json=json.dumps(spec.hyperparameters.trial) if spec.hyperparameters.trial else "",
         ),
         workers=spec.workers,
         max_iterations=spec.max_iterations,
@@ -46,6 +48,8 @@ def spec_message(spec: JobSpec) -> pb.JobSpec:
         backprop=_BACKPROPS[spec.backprop],
         ooo_first_k=spec.ooo_first_k,
         max_retries=spec.max_retries,
+        eval_every=spec.eval_every,
+        code=spec.code or "",
     )
     if spec.target_metric is not None:
         target = spec.target_metric
@@ -74,6 +78,7 @@ def job_spec(message: pb.JobSpec) -> JobSpec:
             "batch_size": hyperparameters.batch_size,
             "learning_rate": hyperparameters.learning_rate,
             "optimizer": _name(_OPTIMIZERS, hyperparameters.optimizer, "optimizer"),
+            "trial": _trial_hyperparameters(hyperparameters.trial_json),
         },
         "workers": message.workers,
         "max_iterations": _optional(message, "max_iterations"),
@@ -85,7 +90,10 @@ def job_spec(message: pb.JobSpec) -> JobSpec:
         "ooo_first_k": _optional(message, "ooo_first_k"),
         "pipeline": None,
         "max_retries": message.max_retries,
+        "code": message.code or None,
     }
+    if message.HasField("eval_every"):
+        data["eval_every"] = message.eval_every
     if message.HasField("target_metric"):
         target = message.target_metric
         data["target_metric"] = {
@@ -166,6 +174,17 @@ def _spb_setting(message: pb.SPBSetting) -> str | dict[str, Any]:
     if message.WhichOneof("setting") == "fixed":
         return spb_config(message.fixed).model_dump()
     return _name(_SPB_MODES, message.mode, "spb")
+
+
+def _trial_hyperparameters(text: str) -> Any:
+    """The JSON object `text` holds ({} when empty); what it holds is validated with
+    the rest of the spec."""
+    if not text:
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"hyperparameters.trial is not JSON: {exc}") from None
 
 
 def _optional(message: Any, field: str) -> Any:

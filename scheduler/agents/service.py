@@ -42,6 +42,7 @@ from scheduler.agents.dispatcher import AgentDispatcher, AgentSession, Dropped, 
 from scheduler.agents.ingest import ReportWriter
 from scheduler.agents.scrub import scrub
 from scheduler.db import transaction
+from scheduler.models import code as code_models
 from scheduler.models.agents import ran_on, register, registered_agent
 from scheduler.models.profiles import save_profile
 from scheduler.telemetry import SchedulerTelemetry
@@ -57,6 +58,8 @@ _MAX_TEXT = 64 * 1024
 # One warning per node and reason in this many seconds: a flood of bad messages is
 # counted in full but does not flood the log.
 _DROP_WARNING_SECONDS = 10.0
+# Code archives go out in chunks well below gRPC's 4 MiB message limit.
+_CODE_CHUNK_BYTES = 1024 * 1024
 
 
 class InvalidMessage(ValueError):
@@ -264,6 +267,31 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             logger.info("agent %s disconnected", hello.node_name, extra={"node": hello.node_name})
         if failure:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(failure[0]))
+
+    def FetchCode(  # noqa: N802
+        self, request: pb.CodeRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.CodeChunk]:
+        """A job's code for the live agent of a node the job was allocated to; anyone
+        else (another instance, a job never placed there, a digest the job does not
+        name) gets NOT_FOUND and learns nothing of what exists."""
+        try:
+            check_instance(request.instance)
+        except InvalidMessage as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        refused = (
+            f"job {request.job_id} on node {request.node_name!r} has no code {request.digest!r}"
+        )
+        if self._dispatcher.holder(request.node_name, request.instance) is not None:
+            context.abort(grpc.StatusCode.NOT_FOUND, refused)
+        with transaction(self._factory) as session:
+            data = code_models.archive_for_node(
+                session, request.job_id, request.node_name, request.digest
+            )
+        if data is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, refused)
+            return
+        for start in range(0, len(data), _CODE_CHUNK_BYTES):
+            yield pb.CodeChunk(data=data[start : start + _CODE_CHUNK_BYTES])
 
     def _read(
         self,

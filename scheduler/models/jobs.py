@@ -27,6 +27,7 @@ def submit(session: Session, spec: JobSpec, owner: Principal) -> Job:
         workers=spec.workers,
         spec=spec.model_dump(mode="json"),
         state=JobState.QUEUED.value,
+        code_digest=spec.code,
     )
     session.add(job)
     session.flush()

@@ -50,6 +50,11 @@ class WorkerConfig(BaseModel):
         "resumes near where it was; None checkpoints only on suspend and success.",
     )
     data_dir: Path | None = Field(default=None, description="A cache for trials' data.")
+    code_dir: Path | None = Field(
+        default=None,
+        description="The job's uploaded code, unpacked: put first on the import path "
+        "before the workload is imported (None: the job has none).",
+    )
     torch_threads: int | None = Field(
         default=None, ge=1, description="CPU threads of this slot (torch.set_num_threads)."
     )

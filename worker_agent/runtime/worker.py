@@ -13,8 +13,10 @@ configuration of the rank it is given (`protocol`); from then on it is a worker 
 other. The agent closing the connection first means it is no longer needed (exit 0).
 
 The workload is resolved here, first thing after the configuration: a user trial's
-module is imported in this process only (never in the agent or the scheduler), and a
-reference that does not name a Trial subclass ends the rank with that one-line reason.
+module is imported in this process only (never in the agent or the scheduler), from the
+job's uploaded code (`code_dir`, first on the import path) or what the node has
+installed, and a reference that does not name a Trial subclass ends the rank with that
+one-line reason (the traceback goes to the job's log).
 
 Exit codes (`protocol.EXIT_CODES`): 0 succeeded, 3 suspended, 4 stopped, 1 failed (the
 `exit` message carries the traceback tail); argparse exits 2 on a usage error.
@@ -99,9 +101,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _workload_loads(config: WorkerConfig, controller: Controller) -> bool:
-    """Import the job's Trial class; if it is not one, say why and end the rank."""
+    """Import the job's Trial class, from its uploaded code first; if it is not one,
+    say why and end the rank."""
     from worker_agent.runtime.workloads import WorkloadError, load_trial
 
+    if config.code_dir is not None:
+        sys.path.insert(0, str(config.code_dir))
     try:
         load_trial(config.workload)
     except WorkloadError as exc:

@@ -69,6 +69,24 @@ PIPELINE_SCHEDULE_GPIPE: PipelineSchedule
 PIPELINE_SCHEDULE_1F1B: PipelineSchedule
 PIPELINE_SCHEDULE_ZERO_BUBBLE: PipelineSchedule
 
+class CodeRequest(_message.Message):
+    __slots__ = ("node_name", "instance", "job_id", "digest")
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    node_name: str
+    instance: str
+    job_id: int
+    digest: str
+    def __init__(self, node_name: _Optional[str] = ..., instance: _Optional[str] = ..., job_id: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class CodeChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
 class Gpu(_message.Message):
     __slots__ = ("index", "kind", "memory_bytes", "virtual")
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -365,7 +383,7 @@ class ReconfigureCommand(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., config_version: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "workload", "hyperparameters", "workers", "max_iterations", "target_metric", "priority", "queue", "spb", "backprop", "ooo_first_k", "pipeline", "max_retries")
+    __slots__ = ("name", "workload", "hyperparameters", "workers", "max_iterations", "target_metric", "priority", "queue", "spb", "backprop", "ooo_first_k", "pipeline", "max_retries", "eval_every", "code")
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     HYPERPARAMETERS_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +397,8 @@ class JobSpec(_message.Message):
     OOO_FIRST_K_FIELD_NUMBER: _ClassVar[int]
     PIPELINE_FIELD_NUMBER: _ClassVar[int]
     MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     name: str
     workload: str
     hyperparameters: Hyperparameters
@@ -392,17 +412,21 @@ class JobSpec(_message.Message):
     ooo_first_k: int
     pipeline: Pipeline
     max_retries: int
-    def __init__(self, name: _Optional[str] = ..., workload: _Optional[str] = ..., hyperparameters: _Optional[_Union[Hyperparameters, _Mapping]] = ..., workers: _Optional[int] = ..., max_iterations: _Optional[int] = ..., target_metric: _Optional[_Union[TargetMetric, _Mapping]] = ..., priority: _Optional[int] = ..., queue: _Optional[str] = ..., spb: _Optional[_Union[SPBSetting, _Mapping]] = ..., backprop: _Optional[_Union[Backprop, str]] = ..., ooo_first_k: _Optional[int] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., max_retries: _Optional[int] = ...) -> None: ...
+    eval_every: int
+    code: str
+    def __init__(self, name: _Optional[str] = ..., workload: _Optional[str] = ..., hyperparameters: _Optional[_Union[Hyperparameters, _Mapping]] = ..., workers: _Optional[int] = ..., max_iterations: _Optional[int] = ..., target_metric: _Optional[_Union[TargetMetric, _Mapping]] = ..., priority: _Optional[int] = ..., queue: _Optional[str] = ..., spb: _Optional[_Union[SPBSetting, _Mapping]] = ..., backprop: _Optional[_Union[Backprop, str]] = ..., ooo_first_k: _Optional[int] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., max_retries: _Optional[int] = ..., eval_every: _Optional[int] = ..., code: _Optional[str] = ...) -> None: ...
 
 class Hyperparameters(_message.Message):
-    __slots__ = ("batch_size", "learning_rate", "optimizer")
+    __slots__ = ("batch_size", "learning_rate", "optimizer", "trial_json")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    TRIAL_JSON_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     learning_rate: float
     optimizer: Optimizer
-    def __init__(self, batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ...) -> None: ...
+    trial_json: str
+    def __init__(self, batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., optimizer: _Optional[_Union[Optimizer, str]] = ..., trial_json: _Optional[str] = ...) -> None: ...
 
 class TargetMetric(_message.Message):
     __slots__ = ("name", "value", "mode")

@@ -45,6 +45,11 @@ class AgentServiceStub:
                 request_serializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.AgentMessage.SerializeToString,
                 response_deserializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.SchedulerMessage.FromString,
                 _registered_method=True)
+        self.FetchCode = channel.unary_stream(
+                '/jigsaw.v2.AgentService/FetchCode',
+                request_serializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.CodeRequest.SerializeToString,
+                response_deserializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.CodeChunk.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -67,6 +72,15 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchCode(self, request, context):
+        """The code archive of a job allocated to the calling agent's node, in chunks; NOT_FOUND
+        when the job is not allocated there or names no such archive. The agent checks the
+        archive against the digest before it unpacks anything.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -79,6 +93,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.AgentMessage.FromString,
                     response_serializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.SchedulerMessage.SerializeToString,
+            ),
+            'FetchCode': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchCode,
+                    request_deserializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.CodeRequest.FromString,
+                    response_serializer=jigsaw_dot_proto_dot_v2_dot_agent__pb2.CodeChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -136,6 +155,33 @@ class AgentService:
             '/jigsaw.v2.AgentService/Connect',
             jigsaw_dot_proto_dot_v2_dot_agent__pb2.AgentMessage.SerializeToString,
             jigsaw_dot_proto_dot_v2_dot_agent__pb2.SchedulerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/jigsaw.v2.AgentService/FetchCode',
+            jigsaw_dot_proto_dot_v2_dot_agent__pb2.CodeRequest.SerializeToString,
+            jigsaw_dot_proto_dot_v2_dot_agent__pb2.CodeChunk.FromString,
             options,
             channel_credentials,
             insecure,

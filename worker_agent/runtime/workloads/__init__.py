@@ -39,6 +39,11 @@ def load_trial(name_or_ref: str) -> type[Trial]:
         )
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise WorkloadError(
+            f"{exc} (importing workload {name_or_ref!r}): upload your code with "
+            "`jigsaw submit --code DIR` or install it on the agents"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - whatever user code raises, the job says it
         raise WorkloadError(
             f"cannot import module {module_name!r} of workload {name_or_ref!r}: "

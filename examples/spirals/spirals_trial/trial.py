@@ -1,19 +1,17 @@
 """Two interleaved spirals: a small classifier a user could write, trained by JigSaw.
 
 The points are drawn from the job's seed, so every rank (and every resumed attempt)
-builds the same data set without downloading anything. No straight line separates the
-two classes; the small network below gets over 95% of held-out points right within a few
-hundred steps, in seconds on a CPU.
+builds the same data set without downloading anything. The network below gets over 95%
+of held-out points right within a few hundred steps, in seconds on a CPU; its width and
+the data's shape are the spec's `hyperparameters.trial`.
 
-Run it (the agents must be able to import `my_trial`, so its parent is on PYTHONPATH):
+This package is installed on no agent: the job ships it (README, "Writing a trial"):
 
-    PYTHONPATH=$PWD/examples jigsaw up --local-agents 2
-    jigsaw submit examples/my_trial/spirals.yaml
+    jigsaw submit examples/spirals/spirals.yaml --code examples/spirals
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -21,22 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
+from spirals_trial.data import spirals
 from worker_agent.runtime.trial import Trial, TrialContext
 
 TRAIN_POINTS = 2048
 TEST_POINTS = 512
-TURNS = 1.25  # of each arm
-NOISE = 0.03  # standard deviation of the points around their arm
-
-
-def spirals(count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """`count` points in the plane, half on each arm, and their arm (0 or 1)."""
-    labels = torch.arange(count) % 2
-    radius = torch.rand(count, generator=generator)
-    angle = radius * TURNS * 2 * math.pi + labels * math.pi  # the second arm: turned by pi
-    points = torch.stack((radius * torch.cos(angle), radius * torch.sin(angle)), dim=1)
-    points += NOISE * torch.randn(count, 2, generator=generator)
-    return points, labels
 
 
 class TwoSpirals(Trial):
@@ -44,15 +31,19 @@ class TwoSpirals(Trial):
 
     def __init__(self, context: TrialContext) -> None:
         super().__init__(context)
+        own = context.hyperparameters.trial
+        self.hidden = int(own.get("hidden", 64))
+        shape = {"turns": float(own.get("turns", 1.25)), "noise": float(own.get("noise", 0.03))}
         generator = torch.Generator().manual_seed(context.seed)
-        self.train_points, self.train_labels = spirals(TRAIN_POINTS, generator)
-        self.test_points, self.test_labels = spirals(TEST_POINTS, generator)
+        self.train_points, self.train_labels = spirals(TRAIN_POINTS, generator, **shape)
+        self.test_points, self.test_labels = spirals(TEST_POINTS, generator, **shape)
 
     def build_model(self) -> nn.Module:
         # Two stages, so that structured partial backprop (spb) has something to cut.
+        hidden = self.hidden
         return nn.Sequential(
-            nn.Sequential(nn.Linear(2, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh()),
-            nn.Linear(64, 2),
+            nn.Sequential(nn.Linear(2, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()),
+            nn.Linear(hidden, 2),
         )
 
     def train_data(self) -> Dataset[Any]:

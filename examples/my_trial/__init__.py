@@ -1,1 +1,0 @@
-"""An example user trial: see spirals.py, and spirals.yaml for the job that runs it."""

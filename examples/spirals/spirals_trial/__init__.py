@@ -1,0 +1,1 @@
+"""An example user trial, shipped with its job: see trial.py, and ../spirals.yaml."""
