@@ -33,6 +33,7 @@ class Launch:
     start_iteration: int  # resume point (the job's last reported iteration)
     lease_iterations: int
     attempt: int  # the placement's number (`jobs.attempts`): the run's fence
+    global_batch: int = 0  # an adaptive job's batch, as the policy chose it (0: the spec's)
 
 
 class RunOutcome(StrEnum):

@@ -29,11 +29,14 @@ from scheduler import rounds
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import jobs as job_models
+from scheduler.models import resizes as resize_models
 from scheduler.models.nodes import DRAINED_MESSAGE, on_drained_node
 from scheduler.models.rounds import prune_rounds, record_round
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
-from scheduler.plan import Placement, Plan, Reconfigure
+from scheduler.plan import Placement, Plan, Reconfigure, Resize
 from scheduler.policies import get_policy
+from scheduler.resize import PendingResize
+from scheduler.resize import refusal as resize_refusal
 from scheduler.rounds import Decision, RoundResult
 from scheduler.settings import SchedulerSettings
 from scheduler.snapshot import PREEMPTED_MESSAGE, ClusterSnapshot, build_snapshot
@@ -51,6 +54,9 @@ _REQUEUE_FROM = (JobState.SCHEDULED, JobState.RUNNING)
 _PLACED = (JobState.SCHEDULED, JobState.RUNNING)
 # States whose jobs hold no GPUs: ended, or suspended (placed afresh on resume).
 _RELEASED = (*TERMINAL, JobState.SUSPENDED)
+# A job checkpointed for a resize waits SUSPENDED under this message, which no policy
+# places (it is not preempted), until the loop relaunches it on its new gang.
+RESIZING_MESSAGE = "checkpointed for a resize"
 # A job's message holds the end of an error, not a whole log.
 _MESSAGE_CHARS = 4000
 # Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT once every this many rounds.
@@ -78,6 +84,10 @@ class SchedulerService:
         self._conflicts = 0
         self._decisions: list[Decision] = []
         self._recorded = 0
+        # Resizes asked of running jobs, by job: not yet relaunched, and relaunched with
+        # their cost not yet measured (scheduler/resize.py).
+        self._resizing: dict[int, PendingResize] = {}
+        self._measuring: dict[int, PendingResize] = {}
 
     def run_forever(self, stop: threading.Event, leading: Callable[[], bool] | None = None) -> None:
         """Run rounds every `round_seconds` until `stop` is set, or until `leading` (the
@@ -131,6 +141,8 @@ class SchedulerService:
         self._decisions = []
         reports = self._dispatcher.poll(now)
         finished = self._ingest(reports, now)
+        relaunched = self._relaunch_resized(now)
+        self._measure_resizes(now)
         agents_lost, requeued = self._expire_agents(now)
         released = self._release_ended(now)
         requeued += self._reconcile(now)
@@ -141,7 +153,8 @@ class SchedulerService:
         plan = self._policy(snapshot)
         suspended, stopped = self._end_runs(plan, now)
         reconfigured = self._reconfigure(plan.reconfigure, now)
-        launched = self._start(plan, snapshot, now)
+        self._ask_resizes(plan.resize, now)
+        launched = self._start(plan, snapshot, now) + relaunched
         return RoundResult(
             started_at=now,
             reports=len(reports),
@@ -235,6 +248,10 @@ class SchedulerService:
                 self._decide(rounds.REQUEUE, job.id, reason="crash", retry=job.failures)
                 return True
             return self._transition(session, job, JobState.FAILED, _clip(report.message))
+        if report.outcome is RunOutcome.SUSPENDED and job.id in self._resizing:
+            # Checkpointed for a resize: suspended (no policy places it, it is not
+            # preempted) until every process is gone and the new gang is placed.
+            return self._transition(session, job, JobState.SUSPENDED, RESIZING_MESSAGE)
         if report.outcome in (RunOutcome.SUSPENDED, RunOutcome.STOPPED):
             # Nobody asked a RUNNING job to end: its processes went away on their own.
             if not self._transition(
@@ -534,6 +551,7 @@ class SchedulerService:
                 start_iteration=job.iterations_done,
                 lease_iterations=self._settings.lease_iterations,
                 attempt=attempt,
+                global_batch=placement.global_batch,
             )
             running += self._launch(launch, now)
         return running
@@ -621,6 +639,115 @@ class SchedulerService:
                 attempt=attempt,
             )
         return attempt
+
+    # -- resizes (scheduler/resize.py) ------------------------------------------------
+
+    def _ask_resizes(self, resizes: Iterable[Resize], now: datetime) -> None:
+        """Ask each running elastic job to checkpoint at its next boundary."""
+        for resize in resizes:
+            if resize.job_id in self._resizing:
+                continue
+            with transaction(self._factory) as session:
+                job = session.get(Job, resize.job_id)
+                held = session.scalars(
+                    select(Allocation.gpu_id).where(
+                        Allocation.job_id == resize.job_id, Allocation.released_at.is_(None)
+                    )
+                ).all()
+                why = (
+                    "not running"
+                    if job is None or job.state != JobState.RUNNING
+                    else resize_refusal(job.spec, len(held), resize)
+                )
+                if why is not None or job is None:
+                    logger.info("not resizing job %d: %s", resize.job_id, why)
+                    self._conflicts += 1
+                    continue
+                session.add(
+                    Event(
+                        job_id=job.id,
+                        kind="resize",
+                        actor=ACTOR,
+                        message=f"to {len(resize.gpu_ids)} GPU(s) at the next boundary",
+                        data={"gpu_ids": list(resize.gpu_ids), "from_workers": len(held)},
+                        created_at=now,
+                    )
+                )
+            self._resizing[resize.job_id] = PendingResize(resize, from_workers=len(held))
+            self._decide(rounds.RESIZE, resize.job_id, gpus=len(resize.gpu_ids), held=len(held))
+            self._command(self._dispatcher.suspend, [resize.job_id])
+
+    def _relaunch_resized(self, now: datetime) -> int:
+        """Place the jobs that checkpointed for a resize on their new gang, once all their
+        processes are gone; a job whose new GPUs were taken stays queued for the policy."""
+        active = self._dispatcher.active()
+        launched = 0
+        for job_id, pending in list(self._resizing.items()):
+            with transaction(self._factory) as session:
+                job = session.get(Job, job_id)
+                if job is not None and (job.state == JobState.RUNNING or job_id in active):
+                    continue  # not at its boundary yet
+                checkpointed = (
+                    job is not None
+                    and job.state == JobState.SUSPENDED
+                    and job.message == RESIZING_MESSAGE
+                )
+                workers = (
+                    resize_models.free_workers(session, pending.resize.gpu_ids)
+                    if checkpointed
+                    else None
+                )
+                if checkpointed and workers is None and job is not None:
+                    self._transition(session, job, JobState.QUEUED, "resize abandoned: GPUs taken")
+                iteration = job.iterations_done if job is not None else 0
+                spec = job.spec if job is not None else {}
+            del self._resizing[job_id]
+            if workers is None:
+                logger.info("job %d not resized: it ended, or its new GPUs are taken", job_id)
+                continue
+            placement = Placement(
+                job_id, pending.resize.gpu_ids, global_batch=pending.resize.global_batch
+            )
+            attempt = self._allocate(placement, workers, now)
+            if attempt is None:
+                continue
+            launch = Launch(
+                job_id=job_id,
+                spec=spec,
+                workers=workers,
+                spb={},
+                start_iteration=iteration,
+                lease_iterations=self._settings.lease_iterations,
+                attempt=attempt,
+                global_batch=pending.resize.global_batch,
+            )
+            if self._launch(launch, now):
+                self._measuring[job_id] = replace(pending, boundary=iteration)
+                launched += 1
+        return launched
+
+    def _measure_resizes(self, now: datetime) -> None:
+        """Store each relaunched job's resize cost once its new gang has reported."""
+        for job_id, pending in list(self._measuring.items()):
+            with transaction(self._factory) as session:
+                job = session.get(Job, job_id)
+                if job is None or job.state != JobState.RUNNING:
+                    del self._measuring[job_id]
+                    continue
+                seconds = resize_models.resize_seconds(session, job_id, pending.boundary)
+                if seconds is None:
+                    continue
+                details = {
+                    "from_workers": pending.from_workers,
+                    "to_workers": len(pending.resize.gpu_ids),
+                    "iteration": pending.boundary,
+                    "seconds": seconds,
+                    "global_batch": pending.resize.global_batch or None,
+                    "mechanism": "checkpoint-restart",
+                }
+                resize_models.record_resized(session, job_id, details, actor=ACTOR, now=now)
+            del self._measuring[job_id]
+            self._decide(rounds.RESIZED, job_id, **details)
 
     # -- helpers --------------------------------------------------------------------
 

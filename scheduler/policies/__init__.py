@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler.plan import Plan
-from scheduler.policies import fifo, gandiva, jigsaw, srtf, tiresias
+from scheduler.policies import elastic_fifo, fifo, gandiva, jigsaw, srtf, tiresias
 from scheduler.snapshot import ClusterSnapshot
 
 Policy = Callable[[ClusterSnapshot], Plan]
@@ -16,6 +16,7 @@ POLICIES: dict[str, Policy] = {
     "tiresias": tiresias.schedule,
     "gandiva": gandiva.schedule,
     "jigsaw": jigsaw.schedule,
+    "fifo-elastic": elastic_fifo.schedule,
 }
 
 

@@ -362,6 +362,8 @@ class Simulator:
 
     def _apply(self, plan: Plan, now: float, running: dict[int, JobRecord]) -> None:
         """The loop's order: suspend and stop, reconfigure, start."""
+        # Resizes run on the live cluster only so far: counted, not silently dropped.
+        self.conflicts += len(plan.resize)
         for job_id in plan.suspend:
             record = self._by_id[job_id]
             if record.state is JobState.RUNNING:
