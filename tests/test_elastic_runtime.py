@@ -12,8 +12,14 @@ import pytest
 import torch
 
 from jigsaw import elastic
+from jigsaw.gpus import GpuSlot
 from jigsaw.gradnoise import GradParams, NoiseEstimator, adascale_lr
+from jigsaw.jobspec import JobSpec
+from jigsaw.proto import convert
+from jigsaw.proto.v2 import agent_pb2 as pb
 from tests.runtime_helpers import run_gang, worker_configs
+from worker_agent import wire
+from worker_agent.jobs import JobLaunch, NodeResources
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.control import LocalController
 from worker_agent.runtime.protocol import IterationRecord, Outcome
@@ -176,3 +182,42 @@ def test_a_batch_that_cannot_split_evenly_is_refused_and_an_adaptive_one_rounds_
     assert elastic.nearest_split(3, 2, 1).global_batch == 2
     with pytest.raises(ValueError, match="no sample"):
         elastic.nearest_split(1, 2, 8)
+
+
+def _launch(spec: dict[str, Any], workers: int, global_batch: int = 0) -> JobLaunch:
+    command = pb.LaunchCommand(
+        job_id=7,
+        spec=convert.spec_message(JobSpec.model_validate(spec)),
+        ranks=[pb.RankAssignment(rank=r, gpu_index=r) for r in range(workers)],
+        world_size=workers,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        global_batch=global_batch,
+    )
+    slots = {i: GpuSlot(i, "virtual-cpu", 1 << 30, True) for i in range(4)}
+    return wire.job_launch(command, NodeResources(slots, Path("/tmp"), 1))
+
+
+def test_the_agent_configures_the_batch_split_and_the_schedulers_adaptive_batch() -> None:
+    spec = {
+        "name": "e",
+        "workload": "digits-mlp",
+        "workers": 4,
+        "max_iterations": 5,
+        "hyperparameters": {"batch_size": 32},
+        "elastic": {"min_workers": 1, "max_workers": 4},
+    }
+    shrunk = _launch(spec, 2)
+    assert shrunk.problem is None
+    config = shrunk.configs[0]
+    assert (config.world_size, config.max_micro_batch, config.base_batch) == (2, 8, None)
+    assert config.hyperparameters.batch_size == 32
+
+    adaptive = {**spec, "batch": {"min": 16, "max": 256, "adaptive": True}}
+    chosen = _launch(adaptive, 2, global_batch=128).configs[0]
+    assert (chosen.hyperparameters.batch_size, chosen.base_batch) == (128, 32)
+    assert "outside the spec's [16, 256]" in str(_launch(adaptive, 2, global_batch=512).problem)
+    assert "fixed at 32" in str(_launch(spec, 2, global_batch=64).problem)
+    # A job that is neither elastic nor adaptive runs as before: no split of its own.
+    plain = {key: value for key, value in spec.items() if key != "elastic"}
+    assert _launch(plain, 4).configs[0].max_micro_batch is None
