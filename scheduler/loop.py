@@ -57,6 +57,11 @@ _RELEASED = (*TERMINAL, JobState.SUSPENDED)
 # A job checkpointed for a resize waits SUSPENDED under this message, which no policy
 # places (it is not preempted), until the loop relaunches it on its new gang.
 RESIZING_MESSAGE = "checkpointed for a resize"
+# Why a suspended job the loop queues again is queued, by its message.
+_REQUEUED_BECAUSE = {
+    DRAINED_MESSAGE: "its node was drained",
+    RESIZING_MESSAGE: "its resize was lost in a leader failover",
+}
 # A job's message holds the end of an error, not a whole log.
 _MESSAGE_CHARS = 4000
 # Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT once every this many rounds.
@@ -417,17 +422,23 @@ class SchedulerService:
         (off the drained node) and continue from the checkpoint."""
         active = self._dispatcher.active()
         with transaction(self._factory) as session:
+            # Also a job checkpointed for a resize this leader does not know of (it was
+            # asked by the one before a failover): the policy places it again.
             drained = session.scalars(
-                select(Job).where(Job.state == JobState.SUSPENDED, Job.message == DRAINED_MESSAGE)
+                select(Job).where(
+                    Job.state == JobState.SUSPENDED,
+                    Job.message.in_([DRAINED_MESSAGE, RESIZING_MESSAGE]),
+                )
             ).all()
             requeued = [
                 job.id
                 for job in drained
                 if job.id not in active
-                and self._transition(session, job, JobState.QUEUED, "its node was drained")
+                and job.id not in self._resizing
+                and self._transition(session, job, JobState.QUEUED, _REQUEUED_BECAUSE[job.message])
             ]
         for job_id in requeued:
-            self._decide(rounds.REQUEUE, job_id, reason="node drained")
+            self._decide(rounds.REQUEUE, job_id, reason="node drained or resize orphaned")
         return len(requeued)
 
     # -- 4. the plan ----------------------------------------------------------------

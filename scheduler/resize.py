@@ -6,8 +6,9 @@ shrink's GPUs stay its own until they are free); when they have checkpointed and
 exited, it queues the job and at once places it on the new GPUs, resuming from the
 checkpoint (`jigsaw.elastic` keeps the global batch); once the new gang reports, the
 resize's cost is measured and stored as a `resized` event for policies to read. Pending
-resizes live in the leader's memory: after a failover the suspended job is requeued as
-any job whose processes ended unasked, and placed again by the policy.
+resizes live in the leader's memory: after a failover a job still running is asked
+nothing more, and one already checkpointed is requeued (as a drained node's jobs are)
+and placed again by the policy.
 
 Checkpoint-restart, not re-forming the process group in place: docs/results/elastic.md
 says why.
@@ -53,6 +54,11 @@ def refusal(spec_json: dict[str, Any], workers_now: int, resize: Resize) -> str 
     try:
         if spec.adaptive:
             batch = resize.global_batch or spec.hyperparameters.batch_size
+            bounds = spec.batch
+            low = bounds.min if bounds is not None and bounds.min is not None else batch
+            high = bounds.max if bounds is not None and bounds.max is not None else batch
+            if not low <= batch <= high:
+                return f"global batch {batch} is outside its [{low}, {high}]"
             elastic.nearest_split(batch, workers, spec.max_micro_batch)
         elif resize.global_batch:
             return "its batch is not adaptive"

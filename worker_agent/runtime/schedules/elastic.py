@@ -49,7 +49,7 @@ class ElasticDataParallel(DataParallel):
         self.noise = NoiseEstimator(config.base_batch or config.hyperparameters.batch_size)
         # Per step: the sum of this rank's micro-batch gradients' squared norms, and the
         # accumulated gradient before the last micro-batch (None: nothing accumulated).
-        self._local_sqr = torch.zeros((), dtype=torch.float64)
+        self._local_sqr = self._zero()
         self._before_last: dict[torch.Tensor, torch.Tensor] | None = None
 
     def _register_hook(self, ddp: DistributedDataParallel) -> None:
@@ -64,7 +64,7 @@ class ElasticDataParallel(DataParallel):
         for gradient, parameter in zip(bucket.gradients(), bucket.parameters(), strict=True):
             earlier = before.get(parameter) if before is not None else None
             own = gradient if earlier is None else gradient - earlier
-            state._local_sqr += own.detach().double().pow(2).sum().cpu()
+            state._local_sqr += own.detach().double().pow(2).sum()
         return CommMeter.hook(state._comm, bucket)
 
     def forward_backward(self, batch: Any, agreeing: bool) -> torch.Tensor | None:
@@ -72,7 +72,7 @@ class ElasticDataParallel(DataParallel):
         micro_batches = _chunks(batch, count)
         model = self.model
         assert isinstance(model, DistributedDataParallel)
-        self._local_sqr = torch.zeros((), dtype=torch.float64)
+        self._local_sqr = self._zero()
         self._before_last = None
         total = torch.zeros((), device=self._parts.device)
         accumulated: dict[torch.Tensor, torch.Tensor] = {}
@@ -96,7 +96,7 @@ class ElasticDataParallel(DataParallel):
         }
         for parameter, gradient in now.items():
             own = gradient - before[parameter] if parameter in before else gradient
-            self._local_sqr += own.double().pow(2).sum().cpu()
+            self._local_sqr += own.double().pow(2).sum()
         self._before_last = now
         return now
 
@@ -106,16 +106,15 @@ class ElasticDataParallel(DataParallel):
         gradients = count * self._parts.config.world_size
         if gradients < 2:
             return
-        local = self._local_sqr.to(self._parts.device)
+        local = self._local_sqr
         dist.all_reduce(local)
         # Losses were divided by `count`: each micro-batch's gradient read is 1/count of
         # its own, and their sum, then average over ranks, is the step's mean gradient.
         scale = float(count) ** 2
-        total_sqr = sum(
-            float(p.grad.detach().double().pow(2).sum())
-            for p in self._params()
-            if p.grad is not None
-        )
+        grads = [
+            p.grad.detach().double().pow(2).sum() for p in self._params() if p.grad is not None
+        ]
+        total_sqr = float(torch.stack(grads).sum()) if grads else 0.0
         self.noise.update(
             local_sqr=float(local) * scale / gradients,
             total_sqr=total_sqr,
@@ -135,6 +134,10 @@ class ElasticDataParallel(DataParallel):
     @property
     def learning_rate(self) -> float:
         return float(self._parts.optimizer.param_groups[0]["lr"])
+
+    def _zero(self) -> torch.Tensor:
+        # On the device: squared norms add up there, read once per step.
+        return torch.zeros((), dtype=torch.float64, device=self._parts.device)
 
     def _params(self) -> list[nn.Parameter]:
         return [p for p in self._parts.trained.parameters() if p.requires_grad]
