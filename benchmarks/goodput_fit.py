@@ -34,13 +34,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import emit, markdown_table
+from jigsaw.gradnoise import GradParams, efficiency
 from scheduler.core.goodput import (
     BatchLimits,
     GoodputModel,
-    GradParams,
     PerfParams,
     StepSample,
-    efficiency,
     fit_throughput,
     profile_samples,
 )

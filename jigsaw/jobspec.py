@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from jigsaw import elastic as elastic_batch
 from jigsaw.codearchive import DIGEST_PATTERN
 
 # Built-in workloads the training runtime ships (see worker_agent/), with the number of
@@ -200,6 +201,39 @@ class PipelineConfig(StrictModel):
     )
 
 
+class ElasticRange(StrictModel):
+    """The worker counts the scheduler may resize a job between, at lease boundaries."""
+
+    min_workers: int = Field(ge=1, le=1024, description="Fewest workers the job runs on.")
+    max_workers: int = Field(ge=1, le=1024, description="Most workers the job runs on.")
+
+
+class BatchPolicy(StrictModel):
+    """The global batch, and whether the scheduler may change it (goodput-aware)."""
+
+    model_config = ConfigDict(serialize_by_alias=True, validate_by_name=False)
+
+    global_: int | None = Field(
+        default=None,
+        alias="global",
+        ge=1,
+        le=1_048_576,
+        description="Global batch size, kept whatever the worker count (default: "
+        "`hyperparameters.batch_size`; set one of the two).",
+    )
+    min: int | None = Field(
+        default=None, ge=1, le=1_048_576, description="Least global batch (adaptive only)."
+    )
+    max: int | None = Field(
+        default=None, ge=1, le=1_048_576, description="Largest global batch (adaptive only)."
+    )
+    adaptive: bool = Field(
+        default=False,
+        description="The scheduler picks the global batch in [min, max] for goodput and "
+        "the runtime scales the learning rate by AdaScale's gain ratio.",
+    )
+
+
 class JobSpec(StrictModel):
     name: str = Field(min_length=1, max_length=128, description="Human-readable job name.")
     workload: str = Field(description="A built-in workload name or `module:Class` of a user trial.")
@@ -249,6 +283,55 @@ class JobSpec(StrictModel):
         "(`jigsaw submit --code DIR` uploads and sets it): the agents unpack it and put "
         "it first on the workers' import path, where `workload` is then found.",
     )
+    elastic: ElasticRange | None = Field(
+        default=None,
+        description="Let the scheduler resize the job between these worker counts "
+        "(null: always `workers`).",
+    )
+    batch: BatchPolicy | None = Field(
+        default=None,
+        description="The global batch policy (null: `hyperparameters.batch_size`, fixed).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _global_batch_in_hyperparameters(cls, data: Any) -> Any:
+        """`batch.global` and `hyperparameters.batch_size` are one value: the one given
+        fills the other, so everything downstream reads `hyperparameters.batch_size`."""
+        if not isinstance(data, dict):
+            return data
+        batch, hyperparameters = data.get("batch"), data.get("hyperparameters", {})
+        if (
+            isinstance(batch, dict)
+            and "global" in batch
+            and isinstance(hyperparameters, dict)
+            and "batch_size" not in hyperparameters
+        ):
+            return {**data, "hyperparameters": {**hyperparameters, "batch_size": batch["global"]}}
+        return data
+
+    @property
+    def max_micro_batch(self) -> int:
+        """The per-worker batch the job asked for: on fewer workers it accumulates."""
+        return -(-self.hyperparameters.batch_size // self.workers)
+
+    def worker_counts(self) -> tuple[int, ...]:
+        """The worker counts it may run on, largest first: `workers` alone unless
+        elastic, else every count in its range its global batch splits over."""
+        if self.elastic is None:
+            return (self.workers,)
+        counts = []
+        for count in range(self.elastic.max_workers, self.elastic.min_workers - 1, -1):
+            try:
+                elastic_batch.split(self.hyperparameters.batch_size, count, self.max_micro_batch)
+            except ValueError:
+                continue
+            counts.append(count)
+        return tuple(counts)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.batch is not None and self.batch.adaptive
 
     @field_validator("name", "queue")
     @classmethod
@@ -331,6 +414,71 @@ class JobSpec(StrictModel):
                 "parts"
             )
         return pipeline
+
+    @field_validator("elastic")
+    @classmethod
+    def _elastic_holds_workers(
+        cls, elastic: ElasticRange | None, info: ValidationInfo
+    ) -> ElasticRange | None:
+        if elastic is None:
+            return None
+        workers = info.data.get("workers")
+        if elastic.min_workers > elastic.max_workers:
+            raise ValueError(
+                f"min_workers ({elastic.min_workers}) is more than max_workers "
+                f"({elastic.max_workers})"
+            )
+        if workers is not None and not elastic.min_workers <= workers <= elastic.max_workers:
+            raise ValueError(
+                f"workers ({workers}) must be within [min_workers, max_workers] = "
+                f"[{elastic.min_workers}, {elastic.max_workers}]: the job starts at workers"
+            )
+        return elastic
+
+    @field_validator("batch")
+    @classmethod
+    def _batch_bounds(cls, batch: BatchPolicy | None, info: ValidationInfo) -> BatchPolicy | None:
+        if batch is None:
+            return None
+        hyperparameters: Hyperparameters | None = info.data.get("hyperparameters")
+        size = hyperparameters.batch_size if hyperparameters is not None else None
+        if batch.global_ is not None and size is not None and batch.global_ != size:
+            raise ValueError(
+                f"global ({batch.global_}) differs from hyperparameters.batch_size ({size}): "
+                "both are the global batch, set one"
+            )
+        if not batch.adaptive and (batch.min is not None or batch.max is not None):
+            raise ValueError("min and max bound an adaptive batch: set adaptive: true")
+        low = batch.min if batch.min is not None else size
+        high = batch.max if batch.max is not None else size
+        if size is not None and low is not None and high is not None and not low <= size <= high:
+            raise ValueError(
+                f"the global batch ({size}) must be within [min, max] = [{low}, {high}]"
+            )
+        return batch
+
+    @model_validator(mode="after")
+    def _elastic_runs_data_parallel(self) -> JobSpec:
+        """Resizing and adaptive batches re-split the batch over workers and micro-batches,
+        which the standard data-parallel schedule does; the others fix their split."""
+        if self.elastic is None and not self.adaptive:
+            return self
+        what = "elastic" if self.elastic is not None else "batch.adaptive"
+        if self.pipeline is not None:
+            raise ValueError(f"{what} needs data parallelism: a pipeline has one stage per worker")
+        if self.spb != "off" or self.backprop != "standard":
+            raise ValueError(f"{what} needs spb: off and backprop: standard")
+        if self.hyperparameters.optimizer == "kfac":
+            raise ValueError(f"{what} does not work with optimizer: kfac (sgd or adam)")
+        if self.elastic is not None and not self.adaptive:
+            size = self.hyperparameters.batch_size
+            if size % self.workers:
+                raise ValueError(
+                    f"hyperparameters.batch_size ({size}) must be a multiple of workers "
+                    f"({self.workers}) for an elastic job: the global batch is kept exactly "
+                    "at every size"
+                )
+        return self
 
     @model_validator(mode="after")
     def _has_stopping_rule(self) -> JobSpec:

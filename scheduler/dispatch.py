@@ -34,6 +34,7 @@ class Launch:
     start_iteration: int  # resume point (the job's last reported iteration)
     lease_iterations: int
     attempt: int  # the placement's number (`jobs.attempts`): the run's fence
+    global_batch: int = 0  # an adaptive job's batch, as the policy chose it (0: the spec's)
 
 
 class RunOutcome(StrEnum):
@@ -124,6 +125,8 @@ class SimulatedDispatcher:
     default_iterations: int = 1000
     commands: list[Command] = field(default_factory=list)
     _runs: dict[int, _SimulatedRun] = field(default_factory=dict, init=False, repr=False)
+    # Exits of suspended runs, reported at the next poll as agents report theirs.
+    _suspended: list[Report] = field(default_factory=list, init=False, repr=False)
     _clock: datetime | None = field(default=None, init=False, repr=False)
 
     def launch(self, launch: Launch) -> bool:
@@ -145,7 +148,9 @@ class SimulatedDispatcher:
 
     def suspend(self, job_id: int) -> None:
         self.commands.append(Command("suspend", job_id))
-        self._runs.pop(job_id, None)
+        run = self._runs.pop(job_id, None)
+        if run is not None:
+            self._suspended.append(Report(job_id, int(run.iterations), RunOutcome.SUSPENDED))
 
     def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:
         # Simulated runs train at one speed whatever their configuration.
@@ -153,7 +158,7 @@ class SimulatedDispatcher:
 
     def poll(self, now: datetime) -> list[Report]:
         self._clock = now
-        reports = []
+        reports, self._suspended = self._suspended, []
         for job_id, run in list(self._runs.items()):
             if run.since is not None:
                 elapsed = max((now - run.since).total_seconds(), 0.0)

@@ -25,7 +25,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.core import rounds
-from scheduler.core.plan import Placement, Plan, Reconfigure
+from scheduler.core.plan import Placement, Plan, Reconfigure, Resize
 from scheduler.core.rounds import Decision, RoundResult
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.core.states import TERMINAL, IllegalTransition, JobState, SuspendedBy
@@ -35,12 +35,15 @@ from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import agents, allocations
 from scheduler.models import code as code_models
 from scheduler.models import jobs as job_models
-from scheduler.models.nodes import drain_suspended, on_drained_node
+from scheduler.models import resizes as resize_models
+from scheduler.models.nodes import on_drained_node, suspended_to_requeue
 from scheduler.models.rounds import prune_rounds, record_round
 from scheduler.models.snapshot import build_snapshot
 from scheduler.models.states import transition
 from scheduler.orm import Job, utcnow
 from scheduler.policies import get_policy
+from scheduler.resize import PendingResize
+from scheduler.resize import refusal as resize_refusal
 from scheduler.settings import SchedulerSettings
 from scheduler.telemetry import SchedulerTelemetry
 
@@ -55,6 +58,11 @@ _REQUEUE_FROM = (JobState.SCHEDULED, JobState.RUNNING)
 _PLACED = (JobState.SCHEDULED, JobState.RUNNING)
 # States whose jobs hold no GPUs: ended, or suspended (placed afresh on resume).
 _RELEASED = (*TERMINAL, JobState.SUSPENDED)
+# Why a suspended job the loop queues again is queued, by who suspended it.
+_REQUEUED_BECAUSE = {
+    SuspendedBy.DRAIN: "its node was drained",
+    SuspendedBy.RESIZE: "its resize was lost in a leader failover",
+}
 # A job's message holds the end of an error, not a whole log.
 _MESSAGE_CHARS = 4000
 # Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT, and code archives past their
@@ -84,6 +92,10 @@ class SchedulerService:
         self._decisions: list[Decision] = []
         self._recorded = 0
         self._rounds = 0
+        # Resizes asked of running jobs, by job: not yet relaunched, and relaunched with
+        # their cost not yet measured (scheduler/resize.py).
+        self._resizing: dict[int, PendingResize] = {}
+        self._measuring: dict[int, PendingResize] = {}
 
     def run_forever(self, stop: threading.Event, leading: Callable[[], bool] | None = None) -> None:
         """Run rounds every `round_seconds` until `stop` is set, or until `leading` (the
@@ -148,6 +160,8 @@ class SchedulerService:
         self._decisions = []
         reports = self._dispatcher.poll(now)
         finished = self._ingest(reports, now)
+        relaunched = self._relaunch_resized(now)
+        self._measure_resizes(now)
         agents_lost, requeued = self._expire_agents(now)
         released = self._release_ended(now)
         requeued += self._reconcile(now)
@@ -158,7 +172,8 @@ class SchedulerService:
         plan = self._checked(self._policy(snapshot), snapshot)
         suspended, stopped = self._end_runs(plan, now)
         reconfigured = self._reconfigure(plan.reconfigure, now)
-        launched = self._start(plan, snapshot, now)
+        self._ask_resizes(plan.resize, now)
+        launched = self._start(plan, snapshot, now) + relaunched
         return RoundResult(
             started_at=now,
             reports=len(reports),
@@ -247,6 +262,16 @@ class SchedulerService:
                 self._decide(rounds.REQUEUE, job.id, reason="crash", retry=job.failures)
                 return True
             return self._transition(session, job, JobState.FAILED, _clip(report.message))
+        if report.outcome is RunOutcome.SUSPENDED and job.id in self._resizing:
+            # Checkpointed for a resize: suspended (no policy places it, it is not
+            # preempted) until every process is gone and the new gang is placed.
+            return self._transition(
+                session,
+                job,
+                JobState.SUSPENDED,
+                "checkpointed for a resize",
+                suspended_by=SuspendedBy.RESIZE,
+            )
         if report.outcome in (RunOutcome.SUSPENDED, RunOutcome.STOPPED):
             # Nobody asked a RUNNING job to end: its processes went away on their own.
             if not self._transition(
@@ -363,15 +388,21 @@ class SchedulerService:
         (off the drained node) and continue from the checkpoint."""
         active = self._dispatcher.active()
         with transaction(self._factory) as session:
-            drained = drain_suspended(session)
+            drained = suspended_to_requeue(session)
             requeued = [
                 job.id
                 for job in drained
                 if job.id not in active
-                and self._transition(session, job, JobState.QUEUED, "its node was drained")
+                and job.id not in self._resizing
+                and self._transition(
+                    session,
+                    job,
+                    JobState.QUEUED,
+                    _REQUEUED_BECAUSE[SuspendedBy(job.suspended_by or "")],
+                )
             ]
         for job_id in requeued:
-            self._decide(rounds.REQUEUE, job_id, reason="node drained")
+            self._decide(rounds.REQUEUE, job_id, reason="node drained or resize orphaned")
         return len(requeued)
 
     # -- 4. the plan ----------------------------------------------------------------
@@ -500,6 +531,7 @@ class SchedulerService:
                 start_iteration=job.iterations_done,
                 lease_iterations=self._settings.lease_iterations,
                 attempt=attempt,
+                global_batch=placement.global_batch,
             )
             running += self._launch(launch, now)
         return running
@@ -568,6 +600,104 @@ class SchedulerService:
             )
         return attempt, dict(job.spec)
 
+    # -- resizes (scheduler/resize.py) ------------------------------------------------
+
+    def _ask_resizes(self, resizes: Iterable[Resize], now: datetime) -> None:
+        """Ask each running elastic job to checkpoint at its next boundary."""
+        for resize in resizes:
+            if resize.job_id in self._resizing:
+                continue
+            with transaction(self._factory) as session:
+                job = session.get(Job, resize.job_id)
+                held = resize_models.held_gpus(session, resize.job_id)
+                why = (
+                    "not running"
+                    if job is None or job.state != JobState.RUNNING
+                    else resize_refusal(job.spec, len(held), resize)
+                )
+                if why is not None or job is None:
+                    logger.info("not resizing job %d: %s", resize.job_id, why)
+                    self._conflicts += 1
+                    continue
+                resize_models.record_asked(
+                    session, job.id, resize.gpu_ids, len(held), actor=ACTOR, now=now
+                )
+            self._resizing[resize.job_id] = PendingResize(resize, from_workers=len(held))
+            self._decide(rounds.RESIZE, resize.job_id, gpus=len(resize.gpu_ids), held=len(held))
+            self._command(self._dispatcher.suspend, [resize.job_id])
+
+    def _relaunch_resized(self, now: datetime) -> int:
+        """Place the jobs that checkpointed for a resize on their new gang, once all their
+        processes are gone; a job whose new GPUs were taken stays queued for the policy."""
+        active = self._dispatcher.active()
+        launched = 0
+        for job_id, pending in list(self._resizing.items()):
+            with transaction(self._factory) as session:
+                job = session.get(Job, job_id)
+                if job is not None and (job.state == JobState.RUNNING or job_id in active):
+                    continue  # not at its boundary yet
+                checkpointed = (
+                    job is not None
+                    and job.state == JobState.SUSPENDED
+                    and job.suspended_by == SuspendedBy.RESIZE
+                )
+                workers = (
+                    resize_models.free_workers(session, pending.resize.gpu_ids)
+                    if checkpointed
+                    else None
+                )
+                if checkpointed and workers is None and job is not None:
+                    self._transition(session, job, JobState.QUEUED, "resize abandoned: GPUs taken")
+                iteration = job.iterations_done if job is not None else 0
+            del self._resizing[job_id]
+            if workers is None:
+                logger.info("job %d not resized: it ended, or its new GPUs are taken", job_id)
+                continue
+            placement = Placement(
+                job_id, pending.resize.gpu_ids, global_batch=pending.resize.global_batch
+            )
+            allocated = self._allocate(placement, workers, now)
+            if allocated is None:
+                continue
+            attempt, spec = allocated
+            launch = Launch(
+                job_id=job_id,
+                spec=spec,
+                workers=workers,
+                spb={},
+                start_iteration=iteration,
+                lease_iterations=self._settings.lease_iterations,
+                attempt=attempt,
+                global_batch=pending.resize.global_batch,
+            )
+            if self._launch(launch, now):
+                self._measuring[job_id] = replace(pending, boundary=iteration)
+                launched += 1
+        return launched
+
+    def _measure_resizes(self, now: datetime) -> None:
+        """Store each relaunched job's resize cost once its new gang has reported."""
+        for job_id, pending in list(self._measuring.items()):
+            with transaction(self._factory) as session:
+                job = session.get(Job, job_id)
+                if job is None or job.state != JobState.RUNNING:
+                    del self._measuring[job_id]
+                    continue
+                seconds = resize_models.resize_seconds(session, job_id, pending.boundary)
+                if seconds is None:
+                    continue
+                details = {
+                    "from_workers": pending.from_workers,
+                    "to_workers": len(pending.resize.gpu_ids),
+                    "iteration": pending.boundary,
+                    "seconds": seconds,
+                    "global_batch": pending.resize.global_batch or None,
+                    "mechanism": "checkpoint-restart",
+                }
+                resize_models.record_resized(session, job_id, details, actor=ACTOR, now=now)
+            del self._measuring[job_id]
+            self._decide(rounds.RESIZED, job_id, **details)
+
     # -- helpers --------------------------------------------------------------------
 
     def _decide(self, kind: str, job_id: int | None, **detail: Any) -> None:
@@ -575,21 +705,28 @@ class SchedulerService:
         self._decisions.append(Decision(kind, job_id, detail))
         logger.info("decision %s", kind, extra={"job_id": job_id, "decision": detail})
 
-    def _transition(self, session: Session, job: Job, target: JobState, message: str) -> bool:
+    def _transition(
+        self,
+        session: Session,
+        job: Job,
+        target: JobState,
+        message: str,
+        suspended_by: SuspendedBy = SuspendedBy.POLICY,
+    ) -> bool:
         """Transition, or log and count a lost race (the API changed the job meanwhile).
 
         `transition` writes nothing when it raises, so the surrounding transaction stays
         usable for the other jobs of the round.
         """
         try:
-            # The loop suspends a job only when its policy says so.
+            # The loop suspends a job when its policy says so, or to resize it.
             transition(
                 session,
                 job,
                 target,
                 actor=ACTOR,
                 message=message,
-                suspended_by=SuspendedBy.POLICY,
+                suspended_by=suspended_by,
             )
         except IllegalTransition as exc:
             logger.info("skipping job %d this round: %s", job.id, exc, extra={"job_id": job.id})

@@ -240,6 +240,12 @@ class IterationMetric(Base):
     peak_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     bytes_communicated: Mapped[int | None] = mapped_column(BigInteger, default=None)
     spb_depth: Mapped[float | None] = mapped_column(Float, default=None)
+    # The step's global batch and learning rate, and the gradient noise at the job's base
+    # batch (jigsaw.gradnoise) where the runtime measured it.
+    batch_size: Mapped[int | None] = mapped_column(Integer, default=None)
+    learning_rate: Mapped[float | None] = mapped_column(Float, default=None)
+    grad_sqr: Mapped[float | None] = mapped_column(Float, default=None)
+    grad_var: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class JobLog(Base):

@@ -110,7 +110,8 @@ class SchedulerSettings(BaseSettings):
     )
     policy: str = Field(
         default="fifo",
-        description="Scheduling policy the loop calls: fifo, srtf, tiresias, gandiva or jigsaw.",
+        description="Scheduling policy the loop calls: fifo, srtf, tiresias, gandiva, jigsaw "
+        "or fifo-elastic.",
     )
     lease_iterations: int = Field(
         default=100,

@@ -116,6 +116,11 @@ def test_bad_specs_get_422_with_field_path(live_api: LiveApi) -> None:
         ({**SPEC, "workers": "many"}, "workers"),
         ({**SPEC, "workers": 2, "pipeline": {"stages": 2}}, "pipeline"),  # digits-mlp
         ({**SPEC, "pipeline": {"stages": 2, "schedule": "sideways"}}, "pipeline.schedule"),
+        ({**SPEC, "elastic": {"min_workers": 2, "max_workers": 4}}, "elastic"),  # workers 1
+        ({**SPEC, "elastic": {"min_workers": 1, "max_workers": 0}}, "elastic.max_workers"),
+        ({**SPEC, "batch": {"global": "64"}}, "batch.global"),
+        ({**SPEC, "batch": {"min": 8, "max": 4096}}, "batch"),  # bounds without adaptive
+        ({**SPEC, "batch": {"adaptive": True, "spread": 2}}, "batch.spread"),
     ]
     with live_api.client(live_api.alice) as alice:
         for payload, loc in cases:

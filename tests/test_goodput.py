@@ -15,16 +15,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from jigsaw.gradnoise import GradParams, adascale_lr, efficiency, gain
 from scheduler.core.goodput import (
     BatchLimits,
     GoodputModel,
-    GradParams,
     PerfParams,
     StepSample,
-    adascale_lr,
-    efficiency,
     fit_throughput,
-    gain,
     profile_samples,
 )
 

@@ -179,3 +179,65 @@ def test_pipeline_fields_are_checked() -> None:
     ]
     errors = _error_locs({**PIPELINED, "pipeline": {"stages": 2, "microbatches": 0}})
     assert [path for path, _ in errors] == ["pipeline.microbatches"]
+
+
+def test_elastic_and_batch_default_to_a_fixed_job() -> None:
+    spec = JobSpec.model_validate({**BASE, "workers": 2})
+    assert spec.elastic is None and spec.batch is None and not spec.adaptive
+    assert spec.max_micro_batch == 32  # the default global batch of 64 over 2 workers
+
+
+def test_batch_global_is_the_hyperparameters_batch_size() -> None:
+    spec = JobSpec.model_validate(
+        {
+            **BASE,
+            "workers": 4,
+            "elastic": {"min_workers": 1, "max_workers": 8},
+            "batch": {"global": 32},
+        }
+    )
+    assert spec.hyperparameters.batch_size == 32
+    assert spec.max_micro_batch == 8
+    assert spec.model_dump(mode="json")["batch"]["global"] == 32
+    assert JobSpec.model_validate(spec.model_dump(mode="json")) == spec
+    adaptive = JobSpec.model_validate({**BASE, "batch": {"min": 16, "max": 512, "adaptive": True}})
+    assert adaptive.adaptive and adaptive.hyperparameters.batch_size == 64
+
+
+@pytest.mark.parametrize(
+    ("patch", "loc", "message"),
+    [
+        ({"workers": 2, "elastic": {"min_workers": 3, "max_workers": 4}}, "elastic", "within"),
+        ({"elastic": {"min_workers": 4, "max_workers": 2}}, "elastic", "more than"),
+        ({"elastic": {"min_workers": 0, "max_workers": 2}}, "elastic.min_workers", "greater"),
+        ({"elastic": {"min_workers": 1}}, "elastic.max_workers", "required"),
+        ({"elastic": {"min_workers": "1", "max_workers": 2}}, "elastic.min_workers", "integer"),
+        ({"batch": {"global": 0}}, "batch.global", "greater"),
+        ({"batch": {"global_": 64}}, "batch.global_", "Extra"),
+        ({"batch": {"adaptive": "yes"}}, "batch.adaptive", "boolean"),
+        (
+            {"hyperparameters": {"batch_size": 32}, "batch": {"global": 64}},
+            "batch",
+            "set one",
+        ),
+        ({"batch": {"min": 8}}, "batch", "adaptive: true"),
+        ({"batch": {"min": 128, "adaptive": True}}, "batch", "within [min, max]"),
+        ({"batch": {"max": 32, "adaptive": True}}, "batch", "within [min, max]"),
+        (
+            {"workers": 3, "elastic": {"min_workers": 1, "max_workers": 4}},
+            "",
+            "multiple of workers",
+        ),
+        ({"elastic": {"min_workers": 1, "max_workers": 2}, "spb": "auto"}, "", "spb: off"),
+        (
+            {"batch": {"adaptive": True}, "hyperparameters": {"optimizer": "kfac"}},
+            "",
+            "kfac",
+        ),
+    ],
+)
+def test_bad_elastic_and_batch_specs_name_their_path(
+    patch: dict[str, Any], loc: str, message: str
+) -> None:
+    errors = _error_locs({**BASE, **patch})
+    assert any(at == loc and message in text for at, text in errors), errors

@@ -54,6 +54,20 @@ SPECS: list[dict[str, Any]] = [
         "max_iterations": 3,
         "pipeline": {"stages": 2, "schedule": "gpipe", "microbatches": 1},
     },  # fmt: skip
+    {
+        "name": "elastic",
+        "workload": "digits-mlp",
+        "workers": 4,
+        "max_iterations": 3,
+        "elastic": {"min_workers": 1, "max_workers": 8},
+        "batch": {"global": 64},
+    },
+    {
+        "name": "adaptive",
+        "workload": "digits-mlp",
+        "max_iterations": 3,
+        "batch": {"min": 32, "max": 1024, "adaptive": True},
+    },
 ]
 
 

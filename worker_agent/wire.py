@@ -178,11 +178,16 @@ def _worker_config(
     gpu_index: int,
     code_dir: Path | None,
 ) -> WorkerConfig:
+    resizable = spec.elastic is not None or spec.adaptive
     return WorkerConfig(
         job_id=command.job_id,
         attempt=command.attempt,
         workload=spec.workload,
-        hyperparameters=spec.hyperparameters,
+        hyperparameters=spec.hyperparameters.model_copy(
+            update={"batch_size": _global_batch(command, spec)}
+        ),
+        max_micro_batch=spec.max_micro_batch if resizable else None,
+        base_batch=spec.hyperparameters.batch_size if spec.adaptive else None,
         rank=rank,
         world_size=command.world_size,
         master_addr=command.master_addr,
@@ -207,3 +212,22 @@ def _worker_config(
         spb=spb.as_json(launch_spb),
         spb_stages=spec.spb.stages if isinstance(spec.spb, SPBConfig) else None,
     )
+
+
+def _global_batch(command: pb.LaunchCommand, spec: JobSpec) -> int:
+    """The batch to train with: the scheduler's choice for an adaptive batch, else the
+    spec's; an InvalidCommand outside the spec's range."""
+    size = spec.hyperparameters.batch_size
+    if not command.global_batch:
+        return size
+    if spec.batch is None or not spec.batch.adaptive:
+        raise InvalidCommand(
+            f"global_batch {command.global_batch} for a job whose batch is fixed at {size}"
+        )
+    low = spec.batch.min if spec.batch.min is not None else size
+    high = spec.batch.max if spec.batch.max is not None else size
+    if not low <= command.global_batch <= high:
+        raise InvalidCommand(
+            f"global_batch {command.global_batch} is outside the spec's [{low}, {high}]"
+        )
+    return command.global_batch

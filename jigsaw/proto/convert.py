@@ -56,6 +56,17 @@ def spec_message(spec: JobSpec) -> pb.JobSpec:
         message.target_metric.CopyFrom(
             pb.TargetMetric(name=target.name, value=target.value, mode=_TARGET_MODES[target.mode])
         )
+    if spec.elastic is not None:
+        message.elastic.CopyFrom(
+            pb.Elastic(min_workers=spec.elastic.min_workers, max_workers=spec.elastic.max_workers)
+        )
+    if spec.batch is not None:
+        batch = spec.batch
+        message.batch.CopyFrom(
+            pb.BatchPolicy(
+                global_batch=batch.global_, min=batch.min, max=batch.max, adaptive=batch.adaptive
+            )
+        )
     if spec.pipeline is not None:
         pipeline = spec.pipeline
         message.pipeline.CopyFrom(
@@ -91,9 +102,28 @@ def job_spec(message: pb.JobSpec) -> JobSpec:
         "pipeline": None,
         "max_retries": message.max_retries,
         "code": message.code or None,
+        "elastic": None,
+        "batch": None,
     }
     if message.HasField("eval_every"):
         data["eval_every"] = message.eval_every
+    if message.HasField("elastic"):
+        elastic = message.elastic
+        data["elastic"] = {
+            "min_workers": elastic.min_workers,
+            "max_workers": elastic.max_workers,
+        }
+    if message.HasField("batch"):
+        batch = message.batch
+        data["batch"] = {
+            key: value
+            for key, value in (
+                ("global", _optional(batch, "global_batch")),
+                ("min", _optional(batch, "min")),
+                ("max", _optional(batch, "max")),
+            )
+            if value is not None
+        } | {"adaptive": batch.adaptive}
     if message.HasField("target_metric"):
         target = message.target_metric
         data["target_metric"] = {

@@ -325,6 +325,7 @@ class AgentDispatcher:
                 checkpoint_dir=str(self._checkpoint_root / f"job-{launch.job_id}"),
                 checkpoint_every=self._checkpoint_every,
                 attempt=launch.attempt,
+                global_batch=launch.global_batch,
             )
             messages[node] = (
                 pb.SchedulerMessage(resume=command)

@@ -104,10 +104,16 @@ def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
             record.samples_per_second,
         )
         depth = record.spb_depth if record.HasField("spb_depth") else None
+        noise = [
+            getattr(record, name) if record.HasField(name) else None
+            for name in ("grad_sqr", "grad_var")
+        ]
         if (
             record.iteration < 1
             or not all(math.isfinite(v) and v >= 0 for v in values)
             or (depth is not None and not 0 < depth <= 1)
+            or any(v is not None and not (math.isfinite(v) and v >= 0) for v in noise)
+            or record.batch_size < 0
         ):
             continue
         utilization = record.utilization if record.HasField("utilization") else None
@@ -124,6 +130,11 @@ def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
                 "peak_memory_bytes": record.peak_memory_bytes,
                 "bytes_communicated": record.bytes_communicated,
                 "spb_depth": depth,
+                # 0: a runtime that does not say (an older agent).
+                "batch_size": record.batch_size or None,
+                "learning_rate": _finite_or_none(record.learning_rate or None),
+                "grad_sqr": noise[0],
+                "grad_var": noise[1],
             }
         )
     return rows, len(records) - len(rows)

@@ -33,6 +33,9 @@ One change from Pollux: its network term is alpha + beta max(w - 2, 0). The ring
 the error of predicting 5-8 GPUs from runs on up to 4, on the Pollux profiles, from
 medians up to 32% to at most 21% (docs/results/goodput.md).
 
+The noise parameters, efficiency and AdaScale's rule live in the kernel
+(`jigsaw.gradnoise`), since the training runtime applies them too.
+
 A policy builds one `GoodputModel` per job state (perf and gradient parameters, batch
 limits); its answers are memoised on it, so a round asks as often as it likes.
 """
@@ -47,6 +50,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import scipy.optimize
 
+from jigsaw.gradnoise import GradParams, check_batch, efficiency, efficiency_at_scale
+
 # Network terms the measurements cannot tell are fixed here: no cost (Pollux's choice,
 # optimistic, so a policy tries the size and then learns it).
 _UNSEEN = 1e-8
@@ -54,78 +59,6 @@ _MAX_SECONDS = 1e4
 _GAMMA_RANGE = (1.0, 10.0)
 # Batch sizes best_batch tries, spaced geometrically between the limits (AdaptDL: 50).
 _CANDIDATES = 64
-
-
-@dataclass(frozen=True)
-class GradParams:
-    """Gradient noise at the job's base batch B0: |G|^2 (`sqr`) and tr(Sigma) (`var`)
-    of a gradient averaged over B0 samples. A variance measured between micro-batches
-    of m samples converts as var(B0) = var(m) x m / B0 (AdaptDL's `accum_scale`)."""
-
-    sqr: float
-    var: float
-
-    def __post_init__(self) -> None:
-        for name in ("sqr", "var"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError(f"gradient {name} must be finite and >= 0, not {value!r}")
-
-    @classmethod
-    def from_estimates(cls, sqr: float, var: float) -> GradParams:
-        """Running estimates are differences of noisy norms and can dip below zero:
-        clamped at zero, as AdaptDL does."""
-        if not (math.isfinite(sqr) and math.isfinite(var)):
-            raise ValueError(f"gradient estimates must be finite, not sqr={sqr!r} var={var!r}")
-        return cls(max(sqr, 0.0), max(var, 0.0))
-
-    def noise_scale(self, base_batch: float) -> float:
-        """B_noise = B0 var / sqr: the batch size past which efficiency falls fast."""
-        return math.inf if self.sqr == 0 else base_batch * self.var / self.sqr
-
-
-def _efficiency(grad: GradParams, scale: Any) -> Any:
-    """E at batch `scale` x B0, elementwise; 1/scale when there is no signal at all."""
-    if grad.sqr == 0 and grad.var == 0:
-        return 1.0 / scale
-    return (grad.var + grad.sqr) / (grad.var + grad.sqr * scale)
-
-
-def _check_batch(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive batch size, not {value!r}")
-
-
-def efficiency(grad: GradParams, base_batch: float, batch: float) -> float:
-    """Statistical efficiency of `batch` relative to `base_batch` (1 there)."""
-    _check_batch("base_batch", base_batch)
-    _check_batch("batch", batch)
-    return float(_efficiency(grad, batch / base_batch))
-
-
-def gain(grad: GradParams, scale: float) -> float:
-    """AdaScale's gain ratio at `scale` = batch / base batch: how many base-batch steps
-    one step at the larger batch is worth."""
-    _check_batch("scale", scale)
-    return float(_efficiency(grad, scale)) * scale
-
-
-def adascale_lr(base_lr: float, base_batch: float, new_batch: float, grad: GradParams) -> float:
-    """The learning rate at `new_batch` for a job tuned at `base_lr` and `base_batch`.
-
-    AdaScale (Johnson et al., ICML 2020; AdaptDL's `AdaScale` scaling rule): the rate
-    times the gain ratio. It is the rule the efficiency model assumes (one step at
-    r x B0 makes gain(r) base steps of progress only if the step is gain(r) times as
-    long), it is never bolder than linear scaling (gain <= r), it is linear scaling
-    where noise dominates and no scaling where the gradient is exact, and it needs only
-    the gradient noise the runtime measures anyway. The runtime should also advance the
-    job's schedule by gain(r) per step (AdaScale's scale-invariant iterations).
-    """
-    if not (math.isfinite(base_lr) and base_lr >= 0):
-        raise ValueError(f"base_lr must be finite and >= 0, not {base_lr!r}")
-    _check_batch("base_batch", base_batch)
-    _check_batch("new_batch", new_batch)
-    return base_lr * gain(grad, new_batch / base_batch)
 
 
 @dataclass(frozen=True)
@@ -209,7 +142,7 @@ class StepSample:
 
     def __post_init__(self) -> None:
         _check_size(self.workers, self.nodes)
-        _check_batch("per_gpu", self.per_gpu)
+        check_batch("per_gpu", self.per_gpu)
         if not (isinstance(self.accum_steps, int) and self.accum_steps >= 0):
             raise ValueError(f"accum_steps must be an integer >= 0, not {self.accum_steps!r}")
         if not (math.isfinite(self.step_seconds) and 0 < self.step_seconds < _MAX_SECONDS):
@@ -478,7 +411,7 @@ class GoodputModel:
             batch = _candidates(workers, limits, low)
             per_gpu, accum, runs = split_batch(batch, workers, limits)
             step, _ = _predict(self.perf.as_array(), nodes, workers, per_gpu, accum)
-            goodput = batch / step * _efficiency(self.grad, batch / limits.base)
+            goodput = batch / step * efficiency_at_scale(self.grad, batch / limits.base)
             goodput = np.where(runs, goodput, -np.inf)
             best = int(np.argmax(goodput))
             if runs[best]:

@@ -73,6 +73,8 @@ class JobView:
     # the simulator's traces carry no setting and leave it to the policy).
     spb_setting: SPBSetting = "auto"
     max_iterations: int | None = None  # its spec's (None: it ends at a target metric)
+    # The worker counts it may run on, largest first (empty: `workers` alone).
+    sizes: tuple[int, ...] = ()
 
     @cached_property
     def waiting(self) -> bool:

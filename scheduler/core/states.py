@@ -36,6 +36,7 @@ class SuspendedBy(StrEnum):
     USER = "user"  # waits for its user to resume it
     POLICY = "policy"  # waits to be placed again, like a queued job
     DRAIN = "drain"  # `drain --now`: the loop queues it again once its processes exit
+    RESIZE = "resize"  # checkpointed for a resize: the loop relaunches it on its new gang
 
 
 # Why each edge exists:

@@ -41,6 +41,10 @@ ROW_COLUMNS = (
     "peak_memory_bytes",
     "bytes_communicated",
     "spb_depth",
+    "batch_size",
+    "learning_rate",
+    "grad_sqr",
+    "grad_var",
 )
 # What a row that leaves a column out gets (the rest default to NULL).
 _DEFAULTS = {"compute_seconds": 0.0, "comm_seconds": 0.0, "samples_per_second": 0.0}

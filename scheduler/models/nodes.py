@@ -174,12 +174,15 @@ def on_drained_node(session: Session, gpu_ids: list[int]) -> bool:
     return any(drained is not None or removed is not None for drained, removed in rows)
 
 
-def drain_suspended(session: Session) -> list[Job]:
-    """The jobs `drain --now` suspended that wait to be queued again."""
+def suspended_to_requeue(session: Session) -> list[Job]:
+    """The suspended jobs the loop queues again once their processes are gone: those
+    `drain --now` suspended, and those checkpointed for a resize (the loop drops the
+    ones whose resize it still holds)."""
     return list(
         session.scalars(
             select(Job).where(
-                Job.state == JobState.SUSPENDED, Job.suspended_by == SuspendedBy.DRAIN
+                Job.state == JobState.SUSPENDED,
+                Job.suspended_by.in_([SuspendedBy.DRAIN, SuspendedBy.RESIZE]),
             )
         )
     )

@@ -6,11 +6,11 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from jigsaw.jobspec import SPBSetting
+from jigsaw.jobspec import JobSpec, SPBSetting
 from scheduler.core.snapshot import (
     ACTIVE_STATES,
     ClusterSnapshot,
@@ -118,9 +118,21 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             model=models.get(job.id),
             spb_setting=_SPB_SETTING.validate_python(job.spec.get("spb", "off")),
             max_iterations=job.spec.get("max_iterations"),
+            sizes=_sizes(job.spec),
         )
         for job in rows
     )
     # Ids grow with submission: the newest job is the highest id (its primary key).
     newest = session.scalar(select(Job.created_at).order_by(Job.id.desc()).limit(1))
     return ClusterSnapshot(nodes=nodes, jobs=jobs, now=now, last_submitted_at=newest)
+
+
+def _sizes(spec: dict[str, Any]) -> tuple[int, ...]:
+    """An elastic job's worker counts (`JobSpec.worker_counts`); empty for the rest, whose
+    specs are not parsed again every round."""
+    if spec.get("elastic") is None:
+        return ()
+    try:
+        return JobSpec.model_validate(spec).worker_counts()
+    except ValidationError:
+        return ()

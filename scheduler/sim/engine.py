@@ -373,6 +373,8 @@ class Simulator:
         checked = validate(plan, snapshot)
         self.conflicts += len(checked.rejected)
         plan = checked.plan
+        # Resizes run on the live cluster only so far: counted, not silently dropped.
+        self.conflicts += len(plan.resize)
         for job_id in plan.suspend:
             record = self._by_id[job_id]
             self._end(record, now, running)

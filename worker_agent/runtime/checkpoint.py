@@ -70,6 +70,7 @@ def save(
     position: DataPosition,
     stages: bool = False,
     attempt: int = 0,
+    global_batch: int | None = None,
 ) -> None:
     """Collective: every rank calls it; returns once the checkpoint is durable.
 
@@ -92,6 +93,8 @@ def save(
             "world_size": world_size,
             "rng": [rng_state for rng_state, _ in gathered],
         }
+        if global_batch is not None:
+            state["global_batch"] = global_batch
         if stages:
             state["stages"] = [stage for _, stage in gathered]
         else:
@@ -115,12 +118,19 @@ def load(
     optimizer: Optimizer,
     stages: bool = False,
     attempt: int = 0,
+    global_batch: int | None = None,
+    resizable: bool = False,
 ) -> Resumed | None:
     """Claim `directory` for `attempt`, then restore this rank from its checkpoint, if
     there is one.
 
     `stages`: as `save`'s (this rank's model and optimizer are its own stage's). Raises
-    Fenced when a newer attempt has claimed the directory.
+    Fenced when a newer attempt has claimed the directory. `resizable`: the run splits
+    its global batch itself (an elastic job), so a checkpoint of another world size
+    resumes: ranks the checkpoint had keep their random streams, new ranks keep their
+    fresh seeds, and the data position, counted in global batches, is converted when
+    `global_batch` differs from the checkpoint's (an adaptive batch: to the next whole
+    batch, so no sample of the epoch is seen twice).
     """
     claim(directory, attempt)
     path = directory / CHECKPOINT_FILE
@@ -131,7 +141,7 @@ def load(
     if state["format"] != _FORMAT:
         raise ValueError(f"{path}: checkpoint format {state['format']}, expected {_FORMAT}")
     world_size = dist.get_world_size()
-    if state["world_size"] != world_size:
+    if state["world_size"] != world_size and not resizable:
         # Data shards and RNG streams are per rank; another world size is another run.
         raise ValueError(
             f"{path} was written by {state['world_size']} workers, this run has {world_size}"
@@ -144,8 +154,13 @@ def load(
     trained = state["stages"][dist.get_rank()] if stages else state
     model.load_state_dict(trained["model"])
     optimizer.load_state_dict(trained["optimizer"])
-    rng.restore(state["rng"][dist.get_rank()])
-    return Resumed(state["iteration"], DataPosition(state["epoch"], state["batch"]))
+    if dist.get_rank() < len(state["rng"]):
+        rng.restore(state["rng"][dist.get_rank()])
+    position = DataPosition(state["epoch"], state["batch"])
+    written_batch = state.get("global_batch", global_batch)
+    if global_batch is not None and written_batch != global_batch:
+        position = DataPosition(position.epoch, -(-position.batch * written_batch // global_batch))
+    return Resumed(state["iteration"], position)
 
 
 def claim(directory: Path, attempt: int) -> None:

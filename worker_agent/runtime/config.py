@@ -90,6 +90,20 @@ class WorkerConfig(BaseModel):
         default=None,
         description="The job spec's pipeline: rank r trains stage r (None: data parallel).",
     )
+    max_micro_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="For an elastic or adaptive-batch job: the most samples a rank computes "
+        "at once; the global batch (`hyperparameters.batch_size`) is split over the ranks "
+        "and accumulated micro-batches of at most this, and a checkpoint of another world "
+        "size resumes (None: each rank takes its share in one pass, at one world size).",
+    )
+    base_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="For an adaptive batch: the global batch the learning rate was set "
+        "for (the spec's); the rate follows AdaScale's rule from it (None: not adaptive).",
+    )
     report_every_iterations: int = Field(default=10, ge=1)
     report_every_seconds: float = Field(default=1.0, gt=0)
     collective_timeout_seconds: float = Field(
@@ -107,6 +121,8 @@ class WorkerConfig(BaseModel):
                 f"{self.pipeline.stages} pipeline stages on {self.world_size} ranks: "
                 "one stage per rank"
             )
+        if self.base_batch is not None and self.max_micro_batch is None:
+            raise ValueError("an adaptive batch (base_batch) needs max_micro_batch")
         return self
 
     @property

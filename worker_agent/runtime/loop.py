@@ -35,6 +35,7 @@ from worker_agent.runtime.reporting import ReportBuffer
 from worker_agent.runtime.sampling import DataPosition, ShardedBatches, to_device
 from worker_agent.runtime.schedules import registry
 from worker_agent.runtime.schedules.base import Parts
+from worker_agent.runtime.schedules.elastic import ElasticDataParallel, batch_split
 from worker_agent.runtime.spb import stages
 from worker_agent.runtime.spb.partial import PartialBackprop
 from worker_agent.runtime.spb.profiler import profile_model
@@ -118,7 +119,10 @@ class _Training:
             data_dir=config.data_dir,
             pipeline_stages=pipeline.stages if pipeline is not None else 1,
         )
-        self._global_batch = context.per_rank_batch_size * context.replicas
+        # An elastic or adaptive job splits its batch over ranks and micro-batches.
+        split = batch_split(config) if config.max_micro_batch is not None else None
+        rank_batch = split.per_worker if split is not None else context.per_rank_batch_size
+        self._global_batch = rank_batch * context.replicas
         if config.hyperparameters.batch_size != self._global_batch:
             logger.warning(
                 "batch_size %d is not a multiple of %d data-parallel replicas: the global "
@@ -159,6 +163,8 @@ class _Training:
                 optimizer=self._optimizer,
                 stages=self._split is not None,
                 attempt=config.attempt,
+                global_batch=self._global_batch,
+                resizable=split is not None,
             )
             if config.checkpoint_dir is not None
             else None
@@ -201,7 +207,7 @@ class _Training:
             dataset,
             rank=context.replica,
             world_size=context.replicas,
-            batch_size=context.per_rank_batch_size,
+            batch_size=rank_batch,
             seed=config.seed,
             start=resumed.position if resumed is not None else DataPosition(),
         )
@@ -356,7 +362,16 @@ class _Training:
             peak_memory_bytes=peak_memory_bytes(self._device),
             bytes_communicated=wire_bytes,
             spb_depth=self._partial.depth_fraction if self._partial is not None else None,
+            batch_size=self._global_batch,
+            learning_rate=float(self._optimizer.param_groups[0]["lr"]),
+            **self._noise(),
         )
+
+    def _noise(self) -> dict[str, float]:
+        """The gradient noise an elastic job's schedule measures, once it has."""
+        schedule = self._schedule
+        noise = schedule.noise.params if isinstance(schedule, ElasticDataParallel) else None
+        return {} if noise is None else {"grad_sqr": noise.sqr, "grad_var": noise.var}
 
     def _evaluate(self) -> None:
         """Every rank, at the same boundaries (a pipeline's stages gather their parts to
@@ -413,6 +428,7 @@ class _Training:
                 position=self._batches.position,
                 stages=self._split is not None,
                 attempt=self._config.attempt,
+                global_batch=self._global_batch,
             )
 
     def _announce(self, message: str) -> None:

@@ -99,6 +99,12 @@ class IterationRecord:
     # Mean backprop depth over the workers as a fraction of the stages (1 = full);
     # None for a job that runs plain DDP.
     spb_depth: float | None = None
+    # The step's global batch and learning rate, and the gradient noise at the job's base
+    # batch (`jigsaw.gradnoise`) once measured (elastic and adaptive-batch jobs).
+    batch_size: int = 0
+    learning_rate: float = 0.0
+    grad_sqr: float | None = None
+    grad_var: float | None = None
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

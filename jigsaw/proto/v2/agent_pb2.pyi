@@ -168,7 +168,7 @@ class Heartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class IterationRecord(_message.Message):
-    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated", "spb_depth")
+    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated", "spb_depth", "grad_sqr", "grad_var", "batch_size", "learning_rate")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +179,10 @@ class IterationRecord(_message.Message):
     PEAK_MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     BYTES_COMMUNICATED_FIELD_NUMBER: _ClassVar[int]
     SPB_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    GRAD_SQR_FIELD_NUMBER: _ClassVar[int]
+    GRAD_VAR_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     step_seconds: float
     compute_seconds: float
@@ -189,7 +193,11 @@ class IterationRecord(_message.Message):
     peak_memory_bytes: int
     bytes_communicated: int
     spb_depth: float
-    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ...) -> None: ...
+    grad_sqr: float
+    grad_var: float
+    batch_size: int
+    learning_rate: float
+    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
 
 class JobIterations(_message.Message):
     __slots__ = ("job_id", "records", "replayed")
@@ -329,7 +337,7 @@ class RankAssignment(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., gpu_index: _Optional[int] = ...) -> None: ...
 
 class LaunchCommand(_message.Message):
-    __slots__ = ("job_id", "spec", "ranks", "world_size", "master_addr", "master_port", "start_iteration", "lease_iterations", "spb", "config_version", "checkpoint_dir", "checkpoint_every", "attempt")
+    __slots__ = ("job_id", "spec", "ranks", "world_size", "master_addr", "master_port", "start_iteration", "lease_iterations", "spb", "config_version", "checkpoint_dir", "checkpoint_every", "attempt", "global_batch")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -343,6 +351,7 @@ class LaunchCommand(_message.Message):
     CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     spec: JobSpec
     ranks: _containers.RepeatedCompositeFieldContainer[RankAssignment]
@@ -356,7 +365,8 @@ class LaunchCommand(_message.Message):
     checkpoint_dir: str
     checkpoint_every: int
     attempt: int
-    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., start_iteration: _Optional[int] = ..., lease_iterations: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ..., config_version: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    global_batch: int
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., start_iteration: _Optional[int] = ..., lease_iterations: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ..., config_version: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., attempt: _Optional[int] = ..., global_batch: _Optional[int] = ...) -> None: ...
 
 class StopCommand(_message.Message):
     __slots__ = ("job_id", "reason")
@@ -383,7 +393,7 @@ class ReconfigureCommand(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., config_version: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "workload", "hyperparameters", "workers", "max_iterations", "target_metric", "priority", "queue", "spb", "backprop", "ooo_first_k", "pipeline", "max_retries", "eval_every", "code")
+    __slots__ = ("name", "workload", "hyperparameters", "workers", "max_iterations", "target_metric", "priority", "queue", "spb", "backprop", "ooo_first_k", "pipeline", "max_retries", "eval_every", "code", "elastic", "batch")
     NAME_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     HYPERPARAMETERS_FIELD_NUMBER: _ClassVar[int]
@@ -399,6 +409,8 @@ class JobSpec(_message.Message):
     MAX_RETRIES_FIELD_NUMBER: _ClassVar[int]
     EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
+    ELASTIC_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     name: str
     workload: str
     hyperparameters: Hyperparameters
@@ -414,7 +426,29 @@ class JobSpec(_message.Message):
     max_retries: int
     eval_every: int
     code: str
-    def __init__(self, name: _Optional[str] = ..., workload: _Optional[str] = ..., hyperparameters: _Optional[_Union[Hyperparameters, _Mapping]] = ..., workers: _Optional[int] = ..., max_iterations: _Optional[int] = ..., target_metric: _Optional[_Union[TargetMetric, _Mapping]] = ..., priority: _Optional[int] = ..., queue: _Optional[str] = ..., spb: _Optional[_Union[SPBSetting, _Mapping]] = ..., backprop: _Optional[_Union[Backprop, str]] = ..., ooo_first_k: _Optional[int] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., max_retries: _Optional[int] = ..., eval_every: _Optional[int] = ..., code: _Optional[str] = ...) -> None: ...
+    elastic: Elastic
+    batch: BatchPolicy
+    def __init__(self, name: _Optional[str] = ..., workload: _Optional[str] = ..., hyperparameters: _Optional[_Union[Hyperparameters, _Mapping]] = ..., workers: _Optional[int] = ..., max_iterations: _Optional[int] = ..., target_metric: _Optional[_Union[TargetMetric, _Mapping]] = ..., priority: _Optional[int] = ..., queue: _Optional[str] = ..., spb: _Optional[_Union[SPBSetting, _Mapping]] = ..., backprop: _Optional[_Union[Backprop, str]] = ..., ooo_first_k: _Optional[int] = ..., pipeline: _Optional[_Union[Pipeline, _Mapping]] = ..., max_retries: _Optional[int] = ..., eval_every: _Optional[int] = ..., code: _Optional[str] = ..., elastic: _Optional[_Union[Elastic, _Mapping]] = ..., batch: _Optional[_Union[BatchPolicy, _Mapping]] = ...) -> None: ...
+
+class Elastic(_message.Message):
+    __slots__ = ("min_workers", "max_workers")
+    MIN_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    min_workers: int
+    max_workers: int
+    def __init__(self, min_workers: _Optional[int] = ..., max_workers: _Optional[int] = ...) -> None: ...
+
+class BatchPolicy(_message.Message):
+    __slots__ = ("global_batch", "min", "max", "adaptive")
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_FIELD_NUMBER: _ClassVar[int]
+    global_batch: int
+    min: int
+    max: int
+    adaptive: bool
+    def __init__(self, global_batch: _Optional[int] = ..., min: _Optional[int] = ..., max: _Optional[int] = ..., adaptive: _Optional[bool] = ...) -> None: ...
 
 class Hyperparameters(_message.Message):
     __slots__ = ("batch_size", "learning_rate", "optimizer", "trial_json")

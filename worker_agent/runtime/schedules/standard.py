@@ -47,8 +47,11 @@ class DataParallel(Stepping):
         ddp = DistributedDataParallel(
             parts.model, device_ids=[device.index] if device.type == "cuda" else None
         )
-        ddp.register_comm_hook(self._comm, CommMeter.hook)
+        self._register_hook(ddp)
         self.model = ddp
+
+    def _register_hook(self, ddp: DistributedDataParallel) -> None:
+        ddp.register_comm_hook(self._comm, CommMeter.hook)
 
     def zero_grad(self) -> None:
         self._comm.reset()

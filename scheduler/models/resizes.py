@@ -1,0 +1,110 @@
+"""What a resize reads and writes: the new gang's GPUs, and the cost it measured."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler.dispatch import Worker
+from scheduler.orm import GPU, Agent, Allocation, Event, IterationMetric, Node
+
+RESIZED = "resized"  # the event kind a finished resize writes, with its cost
+
+
+def free_workers(session: Session, gpu_ids: Sequence[int]) -> tuple[Worker, ...] | None:
+    """The ranks of a gang on these GPUs (rank r on gpu_ids[r]), or None unless every one
+    exists, is held by no job, and is on a schedulable node with a live agent."""
+    rows = {
+        gpu_id: (node_id, name, index)
+        for gpu_id, node_id, name, index in session.execute(
+            select(GPU.id, Node.id, Node.name, GPU.index)
+            .join(Node, Node.id == GPU.node_id)
+            .join(Agent, Agent.node_id == Node.id)
+            .where(
+                GPU.id.in_(gpu_ids),
+                Agent.alive.is_(True),
+                Node.schedulable.is_(True),
+                Node.drained_at.is_(None),
+            )
+        )
+    }
+    held = session.scalar(
+        select(func.count())
+        .select_from(Allocation)
+        .where(Allocation.gpu_id.in_(gpu_ids), Allocation.released_at.is_(None))
+    )
+    if held or len(rows) != len(gpu_ids):
+        return None
+    return tuple(
+        Worker(rank, gpu_id, *rows[gpu_id][:2], rows[gpu_id][2])
+        for rank, gpu_id in enumerate(gpu_ids)
+    )
+
+
+def held_gpus(session: Session, job_id: int) -> list[int]:
+    """The GPUs the job holds now."""
+    return list(
+        session.scalars(
+            select(Allocation.gpu_id).where(
+                Allocation.job_id == job_id, Allocation.released_at.is_(None)
+            )
+        )
+    )
+
+
+def record_asked(
+    session: Session, job_id: int, gpu_ids: Sequence[int], held: int, *, actor: str, now: datetime
+) -> None:
+    """The event of a resize asked of a running job, before it reaches its boundary."""
+    session.add(
+        Event(
+            job_id=job_id,
+            kind="resize",
+            actor=actor,
+            message=f"to {len(gpu_ids)} GPU(s) at the next boundary",
+            data={"gpu_ids": list(gpu_ids), "from_workers": held},
+            created_at=now,
+        )
+    )
+
+
+def resize_seconds(session: Session, job_id: int, boundary: int) -> float | None:
+    """From the old gang's report of the boundary's iteration to the new gang's first
+    report after it, as the scheduler received them (both are sent at once: a run's
+    last records on its exit, its first record alone); None until both are in."""
+    at_boundary = session.scalar(
+        select(func.max(IterationMetric.reported_at)).where(
+            IterationMetric.job_id == job_id, IterationMetric.iteration == boundary
+        )
+    )
+    first_after = session.scalar(
+        select(func.min(IterationMetric.reported_at)).where(
+            IterationMetric.job_id == job_id, IterationMetric.iteration == boundary + 1
+        )
+    )
+    if at_boundary is None or first_after is None:
+        return None
+    return max((first_after - at_boundary).total_seconds(), 0.0)
+
+
+def record_resized(
+    session: Session, job_id: int, details: dict[str, Any], *, actor: str, now: datetime
+) -> None:
+    """The event a policy reads a resize's measured cost from."""
+    session.add(
+        Event(
+            job_id=job_id,
+            kind=RESIZED,
+            actor=actor,
+            message=(
+                f"resized from {details['from_workers']} to {details['to_workers']} GPU(s) "
+                f"at iteration {details['iteration']} in {details['seconds']:.2f} s"
+            ),
+            data=details,
+            created_at=now,
+        )
+    )

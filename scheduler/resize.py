@@ -1,0 +1,69 @@
+"""Resizing a running elastic job: checkpoint at the boundary, restart on the new gang.
+
+The loop applies a plan's `Resize` in three steps across rounds (`SchedulerService`):
+it asks the job's processes to suspend, keeping the job RUNNING on its old GPUs (a
+shrink's GPUs stay its own until they are free); when they have checkpointed and
+exited, it queues the job and at once places it on the new GPUs, resuming from the
+checkpoint (`jigsaw.elastic` keeps the global batch); once the new gang reports, the
+resize's cost is measured and stored as a `resized` event for policies to read. Pending
+resizes live in the leader's memory: after a failover a job still running is asked
+nothing more, and one already checkpointed is requeued (as a drained node's jobs are)
+and placed again by the policy.
+
+Checkpoint-restart, not re-forming the process group in place: docs/results/elastic.md
+says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from jigsaw import elastic
+from jigsaw.jobspec import JobSpec
+from scheduler.core.plan import Resize
+
+
+@dataclass(frozen=True)
+class PendingResize:
+    resize: Resize
+    from_workers: int
+    boundary: int = 0  # the iteration the old gang checkpointed at, once relaunched
+
+
+def refusal(spec_json: dict[str, Any], workers_now: int, resize: Resize) -> str | None:
+    """Why the job cannot be resized so, or None when it can."""
+    try:
+        spec = JobSpec.model_validate(spec_json)
+    except ValidationError:
+        return "its stored spec no longer validates"
+    workers = len(resize.gpu_ids)
+    if spec.elastic is None:
+        return "it is not elastic"
+    if len(set(resize.gpu_ids)) != workers:
+        return f"GPUs {list(resize.gpu_ids)} repeat"
+    if not spec.elastic.min_workers <= workers <= spec.elastic.max_workers:
+        return (
+            f"{workers} workers is outside its range [{spec.elastic.min_workers}, "
+            f"{spec.elastic.max_workers}]"
+        )
+    if workers == workers_now and not resize.global_batch:
+        return f"it already runs on {workers} GPUs"
+    try:
+        if spec.adaptive:
+            batch = resize.global_batch or spec.hyperparameters.batch_size
+            bounds = spec.batch
+            low = bounds.min if bounds is not None and bounds.min is not None else batch
+            high = bounds.max if bounds is not None and bounds.max is not None else batch
+            if not low <= batch <= high:
+                return f"global batch {batch} is outside its [{low}, {high}]"
+            elastic.nearest_split(batch, workers, spec.max_micro_batch)
+        elif resize.global_batch:
+            return "its batch is not adaptive"
+        else:
+            elastic.split(spec.hyperparameters.batch_size, workers, spec.max_micro_batch)
+    except ValueError as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,56 @@
+"""Resizes on a live cluster: `jigsaw up` with the fifo-elastic policy and a real agent.
+
+An elastic job on both GPUs of a node shrinks to one at a boundary when a second job
+arrives, checkpointing and restarting on the new gang, and grows back once the second
+job is done; each resize is stored as a `resized` event with its measured cost, the job
+resumes at the very boundary it checkpointed at, and both jobs succeed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.cluster import cluster, ended
+
+pytestmark = pytest.mark.timeout(420)
+
+ELASTIC = {
+    "name": "elastic",
+    "workload": "digits-mlp",
+    "workers": 2,
+    "elastic": {"min_workers": 1, "max_workers": 2},
+    "hyperparameters": {"batch_size": 64, "learning_rate": 0.05},
+    "max_iterations": 1200,
+}
+FIXED = {"name": "fixed", "workload": "digits-mlp", "max_iterations": 150}
+
+
+def test_an_elastic_job_shrinks_for_a_newcomer_and_grows_back(tmp_path: Path) -> None:
+    settings = {
+        "JIGSAW_SCHEDULER_POLICY": "fifo-elastic",
+        "JIGSAW_SCHEDULER_LEASE_ITERATIONS": "20",
+    }
+    with cluster(tmp_path, **settings) as c:
+        c.start_agent("agent-a", gpus=2)
+        c.wait_nodes(alive=1)
+        with c.client() as client:
+            elastic = client.submit(ELASTIC)["id"]
+            c.wait_job(elastic, lambda j: j["iterations_done"] >= 30, "past iteration 30")
+            fixed = client.submit(FIXED)["id"]
+            assert c.wait_job(fixed, ended, "ended")["state"] == "SUCCEEDED"
+            assert c.wait_job(elastic, ended, "ended")["state"] == "SUCCEEDED"
+
+            events = client.events(elastic)["items"]
+            resized = [e["data"] for e in events if e["kind"] == "resized"]
+            assert [(r["from_workers"], r["to_workers"]) for r in resized][:2] == [(2, 1), (1, 2)]
+            assert all(r["seconds"] > 0 and r["mechanism"] == "checkpoint-restart" for r in resized)
+            # Each new gang resumed at the boundary the old one checkpointed at.
+            lines = [line["message"] for line in client.logs(elastic, limit=1000)["items"]]
+            for r in resized:
+                assert any(
+                    f"resumed from the checkpoint at iteration {r['iteration']}" in line
+                    for line in lines
+                ), (r, lines)
+            assert client.get_job(elastic)["iterations_done"] == 1200

@@ -1,0 +1,126 @@
+"""A plan's Resize through the real loop and database (simulated dispatcher): the job
+checkpoints at its boundary, is relaunched on the new gang with a `resized` event, and
+resizes that cannot be done are refused; a resize a failed-over leader forgot is
+requeued, not stranded."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from jigsaw.jobspec import JobSpec
+from scheduler.core.plan import Plan, Resize
+from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.states import JobState, SuspendedBy
+from scheduler.db import session_factory, transaction
+from scheduler.dispatch import Command, SimulatedDispatcher
+from scheduler.loop import SchedulerService
+from scheduler.models.jobs import submit
+from scheduler.models.users import Principal, get_or_create_user
+from scheduler.orm import GPU, IterationMetric, Job
+from scheduler.policies import POLICIES, fifo
+from tests.test_scheduler_loop import SETTINGS, T0, add_nodes, events, held_gpus, state
+
+
+@pytest.fixture
+def factory(engine: Engine) -> sessionmaker[Session]:
+    return session_factory(engine)
+
+
+def _elastic_job(factory: sessionmaker[Session], workers: int = 2) -> int:
+    spec = JobSpec.model_validate(
+        {
+            "name": "e",
+            "workload": "digits-mlp",
+            "workers": workers,
+            "max_iterations": 1000,
+            "elastic": {"min_workers": 1, "max_workers": 2},
+        }
+    )
+    with transaction(factory) as session:
+        user = get_or_create_user(session, "alice")
+        return submit(session, spec, Principal("user", user.id, user.name, False)).id
+
+
+def _gpu_ids(factory: sessionmaker[Session]) -> list[int]:
+    with factory() as session:
+        return list(session.scalars(select(GPU.id).order_by(GPU.id)))
+
+
+def test_a_resize_checkpoints_relaunches_on_the_new_gang_and_records_its_cost(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_nodes(factory, {"a": 2})
+    job_id = _elastic_job(factory)
+    first_gpu = _gpu_ids(factory)[0]
+    wanted: list[Resize] = []
+
+    def resizing(snapshot: ClusterSnapshot) -> Plan:
+        return Plan(start=fifo.schedule(snapshot).start, resize=tuple(wanted))
+
+    monkeypatch.setitem(POLICIES, "resizing", resizing)
+    dispatcher = SimulatedDispatcher(iterations_per_second=10)
+    loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="resizing")
+    loop.run_round(T0)
+    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+
+    wanted[:] = [Resize(job_id, (first_gpu, first_gpu)), Resize(job_id, (first_gpu,) * 3)]
+    refused = loop.run_round(T0 + timedelta(seconds=1))
+    assert refused.conflicts == 2  # a GPU twice; 3 workers is past max_workers
+    wanted[:] = [Resize(job_id, (first_gpu,))]
+    asked = loop.run_round(T0 + timedelta(seconds=2))
+    assert [d.kind for d in asked.decisions] == ["resize"]
+    assert dispatcher.commands[-1] == Command("suspend", job_id)
+    # Still RUNNING on both GPUs until its processes have checkpointed and gone.
+    assert state(factory, job_id) is JobState.RUNNING
+    assert len(held_gpus(factory, job_id)) == 2
+
+    # The boundary's report, and the new gang's first, as agents would send them.
+    with transaction(factory) as session:
+        session.add(IterationMetric(job_id=job_id, iteration=20, step_seconds=0.1,
+                                    reported_at=T0 + timedelta(seconds=3)))  # fmt: skip
+        session.add(IterationMetric(job_id=job_id, iteration=21, step_seconds=0.1,
+                                    reported_at=T0 + timedelta(seconds=5.5)))  # fmt: skip
+    wanted.clear()
+    relaunched = loop.run_round(T0 + timedelta(seconds=3))
+    assert relaunched.started == 1
+    assert held_gpus(factory, job_id) == [("a", 0)]
+    assert state(factory, job_id) is JobState.RUNNING
+    assert dispatcher.commands[-1] == Command("launch", job_id)
+    with factory() as session:
+        boundary = session.get_one(Job, job_id).iterations_done
+    assert boundary == 20  # 2 s at 10 iterations a second before the suspend
+
+    # Both reports are in when it relaunches here: measured in the same round.
+    [event] = events(factory, "resized")
+    assert event.data == {
+        "from_workers": 2,
+        "to_workers": 1,
+        "iteration": 20,
+        "seconds": 2.5,
+        "global_batch": None,
+        "mechanism": "checkpoint-restart",
+    }
+    assert [d.kind for d in relaunched.decisions] == ["lease", "resized"]
+    loop.run_round(T0 + timedelta(seconds=6))
+    assert len(events(factory, "resized")) == 1  # once
+
+
+def test_a_resize_forgotten_in_a_failover_is_requeued(factory: sessionmaker[Session]) -> None:
+    add_nodes(factory, {"a": 2})
+    job_id = _elastic_job(factory)
+    dispatcher = SimulatedDispatcher(iterations_per_second=10)
+    loop = SchedulerService(factory, dispatcher, SETTINGS)
+    # What a resize the leader before a failover asked leaves: no pending resize here.
+    with transaction(factory) as session:
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(state=JobState.SUSPENDED, suspended_by=SuspendedBy.RESIZE)
+        )
+    loop.run_round(T0)
+    assert state(factory, job_id) is JobState.RUNNING  # requeued, then placed by FIFO
+    assert dispatcher.commands == [Command("launch", job_id)]
