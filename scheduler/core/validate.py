@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jigsaw import spb
-from scheduler.core.plan import Placement, Plan, Reconfigure
+from scheduler.core.plan import Placement, Plan, Reconfigure, Resize
 from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
 from scheduler.core.states import JobState, can_transition
 
@@ -26,13 +26,14 @@ SUSPEND = "suspend"
 STOP = "stop"
 RECONFIGURE = "reconfigure"
 START = "start"
+RESIZE = "resize"
 
 
 @dataclass(frozen=True)
 class Rejection:
     """A plan item that was dropped, and why."""
 
-    action: str  # SUSPEND, STOP, RECONFIGURE or START
+    action: str  # SUSPEND, STOP, RECONFIGURE, START or RESIZE
     job_id: int
     reason: str
 
@@ -50,7 +51,8 @@ def validate(plan: Plan, snapshot: ClusterSnapshot) -> Checked:
     stop = tuple(j for j in plan.stop if state.stop(j))
     reconfigure = tuple(c for c in plan.reconfigure if state.reconfigure(c))
     start = tuple(p for p in plan.start if state.start(p))
-    return Checked(Plan(start, suspend, stop, reconfigure), tuple(state.rejected))
+    resize = tuple(r for r in plan.resize if state.resize(r))
+    return Checked(Plan(start, suspend, stop, reconfigure, resize), tuple(state.rejected))
 
 
 @dataclass
@@ -135,6 +137,23 @@ class _State:
             self.on_gpu[gpu].append(job_id)
         return True
 
+    def resize(self, change: Resize) -> bool:
+        """A running job asked to move to another gang at its boundary; whether that gang
+        is still free then is the loop's check when it relaunches the job."""
+        current = self.states.get(change.job_id)
+        if current is not JobState.RUNNING:
+            return self._reject(RESIZE, change.job_id, f"not running ({current or 'unknown'})")
+        reason = self._gpus_refusal(change.gpu_ids)
+        return self._reject(RESIZE, change.job_id, reason) if reason is not None else True
+
+    def _gpus_refusal(self, gpu_ids: Sequence[int]) -> str | None:
+        if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
+            return "GPUs missing or repeated"
+        unusable = [gpu for gpu in gpu_ids if gpu not in self.usable]
+        if unusable:
+            return f"GPUs {unusable} unknown, or on a dead or unschedulable node"
+        return None
+
     def _start_refusal(self, placement: Placement) -> str | None:
         job_id, gpu_ids = placement.job_id, placement.gpu_ids
         job = self.jobs.get(job_id)
@@ -148,11 +167,9 @@ class _State:
             return f"not waiting ({current})"
         if job.model is not None and len(gpu_ids) not in job.model.steps:
             return f"no model of it on {len(gpu_ids)} GPU(s)"
-        if not gpu_ids or len(set(gpu_ids)) != len(gpu_ids):
-            return "GPUs missing or repeated"
-        unusable = [gpu for gpu in gpu_ids if gpu not in self.usable]
-        if unusable:
-            return f"GPUs {unusable} unknown, or on a dead or unschedulable node"
+        reason = self._gpus_refusal(gpu_ids)
+        if reason is not None:
+            return reason
         need = self._memory(job, gpu_ids, placement.spb)
         for gpu, rank_need in zip(gpu_ids, need, strict=True):
             holders = self.on_gpu[gpu]
