@@ -52,6 +52,9 @@ class Outcome(StrEnum):
     SUSPENDED = "suspended"
     STOPPED = "stopped"
     FAILED = "failed"
+    # Never started: no room on a GPU slot. The agent's only (no worker exits so): the
+    # scheduler queues the job again.
+    REFUSED = "refused"
 
 
 # The worker process's exit code for each outcome.
@@ -99,6 +102,11 @@ class IterationRecord:
     # Mean backprop depth over the workers as a fraction of the stages (1 = full);
     # None for a job that runs plain DDP.
     spb_depth: float | None = None
+    # Whether `utilization` is this process's own (NVML per process, CPU time) rather
+    # than its whole device's, which says nothing of the job while others share it.
+    utilization_per_process: bool = False
+    # Other jobs on the rank's GPU during these iterations: the agent's to fill.
+    co_runners: int = 0
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)
