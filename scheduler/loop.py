@@ -235,6 +235,12 @@ class SchedulerService:
                 self._decide(rounds.REQUEUE, job.id, reason="crash", retry=job.failures)
                 return True
             return self._transition(session, job, JobState.FAILED, _clip(report.message))
+        if report.outcome is RunOutcome.REFUSED:
+            # No room on a GPU the placement shared: not the job's fault, not a retry.
+            if not self._transition(session, job, JobState.QUEUED, _clip(report.message)):
+                return False
+            self._decide(rounds.REQUEUE, job.id, reason="refused")
+            return True
         if report.outcome in (RunOutcome.SUSPENDED, RunOutcome.STOPPED):
             # Nobody asked a RUNNING job to end: its processes went away on their own.
             if not self._transition(

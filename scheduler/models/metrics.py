@@ -41,6 +41,7 @@ ROW_COLUMNS = (
     "peak_memory_bytes",
     "bytes_communicated",
     "spb_depth",
+    "co_runners",
 )
 # What a row that leaves a column out gets (the rest default to NULL).
 _DEFAULTS = {"compute_seconds": 0.0, "comm_seconds": 0.0, "samples_per_second": 0.0}
