@@ -983,7 +983,7 @@ def node_remove(
 
 # -- profile --------------------------------------------------------------------------
 
-_DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d{1,3})?)$")
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 
 
@@ -1023,10 +1023,12 @@ def profile(
     device: Annotated[
         str,
         typer.Option(
-            help="Measure the stages on `cpu` or a CUDA device (`cuda`, `cuda:N`); the "
-            "efficiency runs train on CPU processes either way (steps do not depend on it)."
+            help="Measure the stages on `cpu` or a CUDA device (`cuda`, `cuda:N`); `auto`: "
+            "this machine's first CUDA device if it has one (where an agent here runs jobs), "
+            "else cpu. The efficiency runs train on CPU processes either way (steps do not "
+            "depend on it)."
         ),
-    ] = "cpu",
+    ] = "auto",
     save: Annotated[bool, typer.Option(help="Store the profile through the API.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
@@ -1040,10 +1042,12 @@ def profile(
         _fail(f"--batch-size {batch_size} is smaller than --workers {workers}", 2)
     goal = _parse_target(target) if efficiency else None
     if _DEVICE.match(device) is None:
-        _fail(f"--device {device!r}: write cpu, cuda or cuda:N", 2)
+        _fail(f"--device {device!r}: write auto, cpu, cuda or cuda:N", 2)
     # torch is imported only by the commands that train.
     import torch
 
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     from worker_agent.runtime.spb.efficiency import measure_profile, phases
     from worker_agent.runtime.spb.stages import StageError
     from worker_agent.runtime.workloads import WorkloadError

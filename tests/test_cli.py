@@ -494,7 +494,7 @@ def test_profile_measures_stores_and_refuses_bad_input(server: Server, tmp_path:
         (["digits-cnn", "--stages", "9"], "only 3 layers"),
         (["digits-cnn", "--workers", "8", "--batch-size", "4"], "smaller than --workers"),
         (["digits-cnn", "--efficiency", "--target", "accuracy=0.9"], "NAME>=VALUE"),
-        (["digits-cnn", "--device", "gpu"], "write cpu, cuda or cuda:N"),
+        (["digits-cnn", "--device", "gpu"], "write auto, cpu, cuda or cuda:N"),
     ]:
         refused = cli(tmp_path, "profile", *args, check=False)
         assert refused.returncode == 2 and words in refused.stderr, refused.stderr
