@@ -6,6 +6,7 @@ of its neighbours and how each GPU is shared, stored."""
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime
@@ -15,13 +16,17 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from jigsaw.jobspec import JobSpec
 from jigsaw.proto.v2 import agent_pb2 as pb
 from scheduler.agents.dispatcher import MEMORY_HEADROOM
-from scheduler.db import session_factory
-from scheduler.dispatch import Launch, Report, RunOutcome, SimulatedDispatcher
+from scheduler.db import session_factory, transaction
+from scheduler.dispatch import Launch, Report, RunOutcome, SimulatedDispatcher, Worker
+from scheduler.models.jobs import submit
+from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Allocation, IterationMetric, Job, JobLog
 from scheduler.states import JobState
 from tests.agent_endpoint import Endpoint, agent_endpoint
+from tests.servers import TEST_WORKER_USER
 from tests.test_agent_protocol import (
     INSTANCE,
     Stream,
@@ -36,6 +41,8 @@ from tests.test_agent_protocol import (
 )
 from tests.test_scheduler_loop import T0, add_nodes, events, held_gpus, service
 from tests.test_scheduler_loop import add_job as add_loop_job
+from worker_agent.agent import run_agent
+from worker_agent.settings import AgentSettings
 
 GPU_MEMORY = 1 << 30  # register_request's
 
@@ -171,3 +178,63 @@ def test_a_refused_launch_queues_the_job_again_without_counting_a_failure(
         ("QUEUED", "launch refused by a: GPU 0 already holds 4")
     ]
     assert held_gpus(factory, job_id) == [("a", 0)]
+
+
+def _one_rank_job(endpoint: Endpoint, iterations: int) -> int:
+    spec = JobSpec(name="small", workload="digits-mlp", workers=1, max_iterations=iterations)
+    with transaction(endpoint.factory) as session:
+        user = get_or_create_user(session, "alice")
+        return submit(session, spec, Principal("user", user.id, user.name, False)).id
+
+
+def test_a_real_agent_runs_two_jobs_on_one_gpu_and_refuses_a_third(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """The placements a packing policy would make, through the dispatcher to a real agent
+    over loopback gRPC: both jobs train on GPU 0 at once and succeed, what they report
+    says they shared it, and a third that does not fit is refused and reported so."""
+    settings = AgentSettings(
+        scheduler=endpoint.address,
+        token=endpoint.agent_token,
+        node_name="node-a",
+        gpus=1,
+        work_dir=tmp_path / "agent",
+        worker_user=TEST_WORKER_USER,
+        mps="off",
+    )
+    stop = threading.Event()
+    agent = threading.Thread(target=run_agent, args=(settings, stop), daemon=True)
+    agent.start()
+    try:
+        _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}), 120)
+        with endpoint.factory() as session:
+            gpu = session.scalars(select(GPU)).one()
+        first, second = _one_rank_job(endpoint, 60), _one_rank_job(endpoint, 30)
+        third = _one_rank_job(endpoint, 30)
+        for job_id, cap in ((first, 2 << 30), (second, 2 << 30), (third, gpu.memory_bytes)):
+            allocate(endpoint, job_id, {0: 0})
+            with endpoint.factory() as session:
+                spec = session.get_one(Job, job_id).spec
+            worker = Worker(0, gpu.id, gpu.node_id, "node-a", 0)
+            placement = Launch(job_id, spec, (worker,), {}, 0, 50, 1, memory_bytes=cap)
+            assert endpoint.dispatcher.launch(placement)
+
+        ends: dict[int, Report] = {}
+
+        def all_ended() -> bool:
+            ends.update((r.job_id, r) for r in endpoint.dispatcher.poll(T0))
+            return len(ends) == 3
+
+        _wait(all_ended, 300)
+        assert ends[third].outcome is RunOutcome.REFUSED
+        assert f"beside jobs [{first}, {second}]" in ends[third].message
+        assert (ends[first].outcome, ends[second].outcome) == (RunOutcome.SUCCEEDED,) * 2
+        assert endpoint.writer.flush()
+        with endpoint.factory() as session:
+            rows = session.execute(select(IterationMetric.job_id, IterationMetric.co_runners)).all()
+        shared = {job_id: {co for job, co in rows if job == job_id} for job_id in (first, second)}
+        assert 1 in shared[first] and 1 in shared[second]
+    finally:
+        stop.set()
+        agent.join(timeout=120)
+    assert not agent.is_alive()
