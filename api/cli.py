@@ -1050,6 +1050,7 @@ def profile(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     from worker_agent.runtime.spb.efficiency import measure_profile, phases
     from worker_agent.runtime.spb.stages import StageError
+    from worker_agent.runtime.timing import utilization_meter
     from worker_agent.runtime.workloads import WorkloadError
 
     measured_on = torch.device(device)
@@ -1076,9 +1077,14 @@ def profile(
     ) as progress:
         task = progress.add_task(workload, total=phases(goal))
         begun = 0
+        # How busy the device is while the stages are timed (the first phase).
+        meter = utilization_meter(measured_on)
+        utilization: list[float | None] = []
 
         def on_phase(phase: str) -> None:
             nonlocal begun
+            if begun == 1:
+                utilization.append(meter.sample())
             progress.update(task, description=f"{workload}: {phase}", completed=begun)
             begun += 1
 
@@ -1096,7 +1102,9 @@ def profile(
             )
         except (StageError, WorkloadError) as exc:
             _fail(str(exc), 2)
-    document = {**measured.to_json(), "device_kind": device_kind}
+        if not utilization:
+            utilization.append(meter.sample())
+    document = {**measured.to_json(), "device_kind": device_kind, "utilization": utilization[0]}
     if save:
         with _api(ctx) as client:
             client.put_profile(workload, {k: v for k, v in document.items() if k != "workload"})

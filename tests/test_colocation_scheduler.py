@@ -231,9 +231,21 @@ def test_a_real_agent_runs_two_jobs_on_one_gpu_and_refuses_a_third(
         assert (ends[first].outcome, ends[second].outcome) == (RunOutcome.SUCCEEDED,) * 2
         assert endpoint.writer.flush()
         with endpoint.factory() as session:
-            rows = session.execute(select(IterationMetric.job_id, IterationMetric.co_runners)).all()
-        shared = {job_id: {co for job, co in rows if job == job_id} for job_id in (first, second)}
+            rows = session.execute(
+                select(
+                    IterationMetric.job_id,
+                    IterationMetric.co_runners,
+                    IterationMetric.utilization,
+                    IterationMetric.peak_memory_bytes,
+                )
+            ).all()
+        shared = {
+            job_id: {row[1] for row in rows if row[0] == job_id} for job_id in (first, second)
+        }
         assert 1 in shared[first] and 1 in shared[second]
+        # A CPU slot's utilization is the process's own: kept while others shared the slot.
+        beside = [row for row in rows if row[1] == 1]
+        assert all(row[2] is not None and 0 < row[3] < 2 << 30 for row in beside)
     finally:
         stop.set()
         agent.join(timeout=120)
