@@ -92,8 +92,8 @@ def test_two_jobs_on_one_virtual_gpu_train_exactly_as_each_alone(
     assert supervisor.running() == {11: {0: 0}, 12: {0: 0}}
     shared, ended = _exits(supervisor, {11, 12})
     assert {e.outcome for e in ended.values()} == {agent_pb2.OUTCOME_SUCCEEDED}
-    # Job 12 started beside 11: its every record says so.
-    assert set(_co_runners(shared, 12)) == {1}
+    # Job 12 started beside 11: its first report says so.
+    assert _co_runners(shared, 12)[0] == 1
 
     for job_id in (11, 12):
         before = _parameters(tmp_path / f"alone-{job_id}")
@@ -108,12 +108,13 @@ def test_a_job_over_its_memory_cap_fails_alone_and_its_neighbour_finishes(
 ) -> None:
     slow = {"workload": "tests.runtime_helpers:SlowTrial", "workers": 1, "max_iterations": 200}
     hungry = {"workload": "tests.runtime_helpers:HungryTrial", "workers": 1}
-    _start(supervisor, _job(21, 0, spec=slow))
+    # The hungry job first, so that the neighbour starts beside it whatever the load.
     # Under 1.5 GiB: torch and the runtime take some hundreds of MiB, the hoard the rest.
     _start(
         supervisor, _job(22, 0, spec={**hungry, "max_iterations": 1000}, memory_bytes=3 * GIB // 2)
     )
-    seen, ended = _exits(supervisor, {22})
+    _start(supervisor, _job(21, 0, spec=slow))
+    before, ended = _exits(supervisor, {22})
     assert set(ended) == {22}  # the neighbour trains on
     over = ended[22]
     assert over.outcome == agent_pb2.OUTCOME_FAILED
@@ -121,10 +122,11 @@ def test_a_job_over_its_memory_cap_fails_alone_and_its_neighbour_finishes(
     assert "cap of 1536 MiB" in over.error_tail and "Traceback" not in over.error_tail
     assert 0 < over.iteration < 1000
 
-    seen, neighbour = _until_exit(supervisor, 21)
+    after, neighbour = _until_exit(supervisor, 21)
     assert neighbour.outcome == agent_pb2.OUTCOME_SUCCEEDED and neighbour.iteration == 200
-    # It ran beside the hungry job, then alone once that one had failed.
-    assert 1 in _co_runners(seen, 21) and _co_runners(seen, 21)[-1] == 0
+    # It started beside the hungry job (how soon its reports say it is alone again
+    # depends on how many it sends after the hungry one's death).
+    assert _co_runners(before + after, 21)[0] == 1
 
 
 def test_a_placement_past_a_slots_jobs_or_memory_is_refused_with_the_reason(

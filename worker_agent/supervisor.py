@@ -387,7 +387,16 @@ class Supervisor:
     def _co_runners_since_report(self, job_id: int, index: int) -> int:
         """The most other jobs on GPU `index` since the job's previous report; the window
         starts again now (lock held)."""
-        now = len([job for job in self._on_gpu(index) if job.job_id != job_id])
+        # A neighbour whose process there has exited no longer shares it, though its job
+        # ends only once its output and messages are in.
+        now = len(
+            [
+                job
+                for job in self._on_gpu(index)
+                if job.job_id != job_id
+                and any(r.gpu_index == index and not r.reaped for r in job.ranks.values())
+            ]
+        )
         peak = max(self._co_runners.get((job_id, index), 0), now)
         self._co_runners[(job_id, index)] = now
         return peak
