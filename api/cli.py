@@ -1005,7 +1005,7 @@ def node_remove(
 
 # -- profile --------------------------------------------------------------------------
 
-_DEVICE = re.compile(r"^(cpu|cuda(:\d{1,3})?)$")
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d{1,3})?)$")
 _TARGET = re.compile(r"^\s*([A-Za-z_][\w.-]*)\s*(>=|<=)\s*([-+0-9.eE]+)\s*$")
 
 
@@ -1045,10 +1045,12 @@ def profile(
     device: Annotated[
         str,
         typer.Option(
-            help="Measure the stages on `cpu` or a CUDA device (`cuda`, `cuda:N`); the "
-            "efficiency runs train on CPU processes either way (steps do not depend on it)."
+            help="Measure the stages on `cpu` or a CUDA device (`cuda`, `cuda:N`); `auto`: "
+            "this machine's first CUDA device if it has one (where an agent here runs jobs), "
+            "else cpu. The efficiency runs train on CPU processes either way (steps do not "
+            "depend on it)."
         ),
-    ] = "cpu",
+    ] = "auto",
     save: Annotated[bool, typer.Option(help="Store the profile through the API.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
@@ -1062,12 +1064,15 @@ def profile(
         _fail(f"--batch-size {batch_size} is smaller than --workers {workers}", 2)
     goal = _parse_target(target) if efficiency else None
     if _DEVICE.match(device) is None:
-        _fail(f"--device {device!r}: write cpu, cuda or cuda:N", 2)
+        _fail(f"--device {device!r}: write auto, cpu, cuda or cuda:N", 2)
     # torch is imported only by the commands that train.
     import torch
 
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     from worker_agent.runtime.spb.efficiency import measure_profile, phases
     from worker_agent.runtime.spb.stages import StageError
+    from worker_agent.runtime.timing import utilization_meter
     from worker_agent.runtime.workloads import WorkloadError
 
     measured_on = torch.device(device)
@@ -1094,9 +1099,14 @@ def profile(
     ) as progress:
         task = progress.add_task(workload, total=phases(goal))
         begun = 0
+        # How busy the device is while the stages are timed (the first phase).
+        meter = utilization_meter(measured_on)
+        utilization: list[float | None] = []
 
         def on_phase(phase: str) -> None:
             nonlocal begun
+            if begun == 1:
+                utilization.append(meter.sample())
             progress.update(task, description=f"{workload}: {phase}", completed=begun)
             begun += 1
 
@@ -1114,7 +1124,9 @@ def profile(
             )
         except (StageError, WorkloadError) as exc:
             _fail(str(exc), 2)
-    document = {**measured.to_json(), "device_kind": device_kind}
+        if not utilization:
+            utilization.append(meter.sample())
+    document = {**measured.to_json(), "device_kind": device_kind, "utilization": utilization[0]}
     if save:
         with _api(ctx) as client:
             client.put_profile(workload, {k: v for k, v in document.items() if k != "workload"})

@@ -333,6 +333,12 @@ class ProfileIn(BaseModel):
     device_kind: str = Field(
         default="cpu", min_length=1, max_length=100, description="What it was measured on."
     )
+    utilization: float | None = Field(
+        default=None,
+        ge=0,
+        description="The device's utilization while the stages were timed (CPU: the "
+        "process's CPU time per thread); unset: not measured.",
+    )
 
     @field_validator("steps_ratio")
     @classmethod

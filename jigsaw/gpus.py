@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Sharing = Literal["time-sliced", "mps"]
 
 
 @dataclass(frozen=True)
@@ -11,6 +14,9 @@ class GpuSlot:
     kind: str
     memory_bytes: int
     virtual: bool  # a CPU process standing in for a GPU (gloo, no CUDA)
+    # How co-located jobs' processes share it: driver time slicing, or the CUDA MPS
+    # daemon the agent supervises (kernels side by side; another interference fit).
+    sharing: Sharing = "time-sliced"
 
     @property
     def device(self) -> str:

@@ -35,6 +35,9 @@ class Launch:
     lease_iterations: int
     attempt: int  # the placement's number (`jobs.attempts`): the run's fence
     global_batch: int = 0  # an adaptive job's batch, as the policy chose it (0: the spec's)
+    # Each rank's memory cap on its GPU, for a GPU it may share; None: the dispatcher
+    # derives it from the job's expected peak (`scheduler.models.metrics.expected_memory`).
+    memory_bytes: int | None = None
 
 
 class RunOutcome(StrEnum):
@@ -45,6 +48,7 @@ class RunOutcome(StrEnum):
     FAILED = "failed"  # a training process crashed or could not start
     SUSPENDED = "suspended"  # checkpointed and exited, as asked
     STOPPED = "stopped"  # exited as asked, without a checkpoint
+    REFUSED = "refused"  # never started: no room on a GPU it would share (requeued)
 
 
 @dataclass(frozen=True)

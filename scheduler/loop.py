@@ -272,6 +272,12 @@ class SchedulerService:
                 "checkpointed for a resize",
                 suspended_by=SuspendedBy.RESIZE,
             )
+        if report.outcome is RunOutcome.REFUSED:
+            # No room on a GPU the placement shared: not the job's fault, not a retry.
+            if not self._transition(session, job, JobState.QUEUED, _clip(report.message)):
+                return False
+            self._decide(rounds.REQUEUE, job.id, reason="refused")
+            return True
         if report.outcome in (RunOutcome.SUSPENDED, RunOutcome.STOPPED):
             # Nobody asked a RUNNING job to end: its processes went away on their own.
             if not self._transition(

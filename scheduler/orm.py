@@ -136,6 +136,10 @@ class GPU(Base):
     kind: Mapped[str] = mapped_column(String(64))
     memory_bytes: Mapped[int] = mapped_column(BigInteger)
     virtual: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How co-located jobs share it, as its agent reported: `time-sliced` or `mps`.
+    sharing: Mapped[str] = mapped_column(
+        String(16), default="time-sliced", server_default="time-sliced"
+    )
 
     node: Mapped[Node] = relationship(back_populates="gpus")
 
@@ -215,6 +219,9 @@ class Allocation(Base):
     # that process may later claim the run (a Hello after a reconnect or a restart of
     # the scheduler). NULL until launched.
     agent_instance: Mapped[str | None] = mapped_column(String(64), default=None)
+    # The memory the rank may use on this GPU (its LaunchCommand's cap), set at launch;
+    # NULL until launched.
+    memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
     lease_start_iteration: Mapped[int] = mapped_column(BigInteger, default=0)
     lease_iterations: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -246,6 +253,9 @@ class IterationMetric(Base):
     learning_rate: Mapped[float | None] = mapped_column(Float, default=None)
     grad_sqr: Mapped[float | None] = mapped_column(Float, default=None)
     grad_var: Mapped[float | None] = mapped_column(Float, default=None)
+    # Other jobs that shared rank 0's GPU during the iteration (0: alone; NULL: not
+    # reported), so solo and co-located step times can be told apart.
+    co_runners: Mapped[int | None] = mapped_column(Integer, default=None)
 
 
 class JobLog(Base):

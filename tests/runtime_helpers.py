@@ -169,3 +169,15 @@ class DeepTextTransformer(TextTransformer):
     """The text transformer with four blocks: room for four pipeline stages."""
 
     n_layers = 4
+
+
+class HungryTrial(SlowTrial):
+    """Keeps 64 MiB more of resident memory at every step: a job that outgrows its cap."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.hoard: list[torch.Tensor] = []
+
+    def loss(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        self.hoard.append(torch.ones(16 << 20))  # written, so resident
+        return super().loss(model, batch)

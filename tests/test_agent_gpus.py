@@ -27,7 +27,11 @@ def test_n_virtual_slots_share_the_memory() -> None:
     )
     assert slots[0].memory_bytes == total_memory_bytes() // 3 > 0
     assert gpu(slots[2]) == agent_pb2.Gpu(
-        index=2, kind=VIRTUAL_KIND, memory_bytes=slots[2].memory_bytes, virtual=True
+        index=2,
+        kind=VIRTUAL_KIND,
+        memory_bytes=slots[2].memory_bytes,
+        virtual=True,
+        sharing=agent_pb2.SHARING_TIME_SLICED,
     )
 
 

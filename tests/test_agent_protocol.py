@@ -498,7 +498,10 @@ def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
         [report] = _poll(endpoint.dispatcher)
         assert (report.job_id, report.outcome) == (finished, RunOutcome.SUCCEEDED)
 
-        # GPU 1 is still held by the running job: a launch onto it waits.
+        # GPU 1 is still held by the running job's processes while they stop: a launch
+        # onto it waits. (Beside a run that goes on, it would be sent: sharing a GPU is
+        # the policy's decision and the agent's to refuse.)
+        endpoint.dispatcher.stop(running)
         spec = launch(endpoint, queued).spec
         onto_busy = Launch(queued, spec, (Worker(0, 0, 0, "node-a", 1),), {}, 0, 50, 1)
         assert not endpoint.dispatcher.launch(onto_busy)

@@ -164,12 +164,14 @@ def test_stop_ends_the_job_and_leaves_no_process(supervisor: Supervisor) -> None
     pids = supervisor.pids(2)
     _until(supervisor, _is_report)
 
-    # While it trains, its launch again is ignored and its GPUs are not given away.
+    # While it trains, its launch again is ignored and its GPUs are not given away: it
+    # has no memory cap, so it holds all of their memory, and a launch beside it is refused.
     _start(supervisor, _launch(2, spec={"max_iterations": _BIG}))
     _start(supervisor, _launch(3, ranks=((0, 1),)))
     refused = _until(supervisor, lambda m: isinstance(m, agent_pb2.JobExit))[-1]
     assert isinstance(refused, agent_pb2.JobExit) and refused.job_id == 3
-    assert refused.outcome == agent_pb2.OUTCOME_FAILED and "busy" in refused.error_tail
+    assert refused.outcome == agent_pb2.OUTCOME_REFUSED
+    assert "GPU 1 has 0.00 GiB" in refused.error_tail and "beside jobs [2]" in refused.error_tail
     assert supervisor.pids(2) == pids
 
     supervisor.stop(2, "cancelled by its owner")

@@ -516,13 +516,15 @@ def test_profile_measures_stores_and_refuses_bad_input(server: Server, tmp_path:
     assert all(stage["parameter_bytes"] > 0 for stage in profile["stages"])
     (stored,) = json.loads(cli(server.home, "profiles", "--json").stdout)["items"]
     assert stored["workload"] == "digits-cnn" and stored["profile"]["stages"] == profile["stages"]
+    # Measured where an agent here runs jobs (no CUDA: the CPU), with how busy it was.
     assert profile["device_kind"] == "cpu" and stored["key"] == "cpu/batch-16"
+    assert profile["utilization"] > 0 and stored["profile"]["utilization"] == profile["utilization"]
     for args, words in [
         (["no-such-workload"], "unknown workload"),
         (["digits-cnn", "--stages", "9"], "only 3 layers"),
         (["digits-cnn", "--workers", "8", "--batch-size", "4"], "smaller than --workers"),
         (["digits-cnn", "--efficiency", "--target", "accuracy=0.9"], "NAME>=VALUE"),
-        (["digits-cnn", "--device", "gpu"], "write cpu, cuda or cuda:N"),
+        (["digits-cnn", "--device", "gpu"], "write auto, cpu, cuda or cuda:N"),
     ]:
         refused = cli(tmp_path, "profile", *args, check=False)
         assert refused.returncode == 2 and words in refused.stderr, refused.stderr

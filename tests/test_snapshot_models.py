@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -261,3 +262,38 @@ def test_bad_measurements_leave_a_job_unpriced_not_the_round_broken(
     assert models[unmeasured] is None
     model = models[measured]
     assert model is not None and model.spb_profile == spb_profile()
+
+
+def test_a_job_gets_a_priced_profile_of_its_device_and_batch_before_a_newer_one(
+    factory: sessionmaker[Session],
+) -> None:
+    """A priced profile stored by `jigsaw profile --save` is not hidden by the unpriced
+    ones new jobs measure later, and a profile of the GPU kind a job holds comes first."""
+    add_nodes(factory, {"a": 1})
+    priced = spb_profile(compute=1.0)
+    with transaction(factory) as session:
+        save_profile(session, priced, "H100")
+        # Measured later by a new job at another batch: no price.
+        unpriced = replace(spb_profile(compute=2.0), per_worker_batch=16, steps_ratio={})
+        save_profile(session, unpriced, "H100")
+        save_profile(session, spb_profile(compute=3.0), "T4")  # priced, newest, other GPU
+    holding, waiting = add_job(factory, spb="auto"), add_job(factory, spb="auto")
+    with transaction(factory) as session:
+        gpu = session.scalars(select(GPU)).one()
+        session.add(Allocation(job_id=holding, gpu_id=gpu.id, rank=0, lease_iterations=50))
+    for job_id in (holding, waiting):
+        report(factory, job_id, range(0, 5), step=2.0, comm=1.5)
+
+    models = {job.id: job.model for job in snapshot(factory).jobs}
+    assert models[holding] is not None and models[waiting] is not None
+    assert models[holding].spb_profile == priced  # its GPU's kind, priced, its batch
+    assert models[waiting].spb_profile == spb_profile(compute=3.0)  # priced, newest
+
+    # A job measuring at the priced profile's very key keeps the price it cannot measure.
+    with transaction(factory) as session:
+        measured = replace(spb_profile(compute=4.0), steps_ratio={})
+        save_profile(session, measured, "H100", 0.4, keep_price=True)
+        stored = session.scalars(select(ModelProfile).where(ModelProfile.key == "H100/batch-32"))
+        assert stored.one().data["utilization"] == 0.4
+    held = {job.id: job.model for job in snapshot(factory).jobs}[holding]
+    assert held is not None and held.spb_profile == spb_profile(compute=4.0)

@@ -27,11 +27,12 @@ import grpc
 from jigsaw import __version__
 from jigsaw.gpus import GpuSlot
 from jigsaw.proto.v2 import agent_pb2, agent_pb2_grpc
-from worker_agent import wire
+from worker_agent import mps, wire
 from worker_agent.code import LIMITS, CodeCache, CodeError
 from worker_agent.diagnosis import log_diagnosis
 from worker_agent.gpus import discover, probe_cuda
 from worker_agent.isolation import make_non_dumpable, token_file_warning
+from worker_agent.mps import MpsDaemon
 from worker_agent.outbox import Outbox
 from worker_agent.settings import AgentSettings
 from worker_agent.spool import SPOOL_FILE, ReportSpool
@@ -83,15 +84,27 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
         len(slots),
         ", ".join(f"{slot.index}={slot.kind}" for slot in slots),
     )
-    supervisor = Supervisor(
-        slots,
-        settings.work_dir,
-        torch_threads=settings.torch_threads,
-        stop_grace_seconds=settings.stop_grace_seconds,
-        warm_workers=settings.warm_workers,
-        worker_user=settings.worker_user,
-        worker_env=settings.worker_env,
-    )
+    daemon = MpsDaemon(settings.work_dir) if mps.wanted(settings.mps, slots) else None
+    if daemon is not None and daemon.start():
+        slots = mps.shared(slots)
+    else:
+        daemon = None
+    try:
+        supervisor = Supervisor(
+            slots,
+            settings.work_dir,
+            torch_threads=settings.torch_threads,
+            stop_grace_seconds=settings.stop_grace_seconds,
+            warm_workers=settings.warm_workers,
+            worker_user=settings.worker_user,
+            worker_env=settings.worker_env,
+            max_jobs_per_gpu=settings.max_jobs_per_gpu,
+            mps_pipe_directory=daemon.pipe_directory if daemon is not None else None,
+        )
+    except BaseException:
+        if daemon is not None:
+            daemon.stop()
+        raise
     warning = token_file_warning(settings.token_file, supervisor.worker_identity)
     if warning:
         logger.warning("%s", warning)
@@ -118,6 +131,8 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
     finally:
         channel.close()
         supervisor.close()
+        if daemon is not None:
+            daemon.stop()  # after the workers, its clients, are gone
         stop.set()  # ends the pump also when the agent was refused
         pump.join(timeout=5)
         spool.close()

@@ -34,6 +34,8 @@ class JobLaunch:
     config_version: int  # of the SPB configuration in the configurations
     gpus: dict[int, int] = field(default_factory=dict)  # rank -> GPU index
     configs: tuple[WorkerConfig, ...] = ()  # one per rank, in the order of `gpus`
+    # The memory each rank may use on its GPU (its share of the slot); 0: the whole slot.
+    memory_bytes: int = 0
     # Why this launch cannot be carried out (then there are no configurations): the
     # run fails at once with this reason.
     problem: str | None = None

@@ -78,15 +78,18 @@ class ProcessPool:
         torch_threads: int,
         worker_env: Sequence[str] = (),
         warm: int = 0,
+        mps_pipe_directory: Path | None = None,
     ) -> None:
         """Workers dial `control_address` and prove `authkey`; they run as `identity`
-        (None: as this process) and get `worker_env` beyond the allow-list."""
+        (None: as this process) and get `worker_env` beyond the allow-list, and the MPS
+        daemon's pipe directory when the agent runs one."""
         self._work_dir = work_dir
         self._identity = identity
         self._control_address = control_address
         self._authkey = authkey
         self._torch_threads = torch_threads
         self._worker_env = tuple(worker_env)
+        self._mps_pipe_directory = mps_pipe_directory
         self._spawner = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-spawner")
         self._changed = threading.Condition()
         self._warm = warm
@@ -213,6 +216,9 @@ class ProcessPool:
                 "PYTHONUNBUFFERED": "1",  # output lines reach the log as they are written
             }
         )
+        if self._mps_pipe_directory is not None:
+            # CUDA clients find the agent's MPS daemon here (not the system default).
+            env["CUDA_MPS_PIPE_DIRECTORY"] = str(self._mps_pipe_directory)
         return env
 
     # ------------------------------------------------------------------ the warm pool

@@ -104,6 +104,20 @@ class AgentSettings(WorkerSettings):
         ge=0,
         description="Time between SIGTERM and SIGKILL when stopping a job's processes.",
     )
+    max_jobs_per_gpu: PositiveInt = Field(
+        default=4,
+        description="Jobs whose processes may share one GPU slot at a time (co-location); "
+        "1 makes every slot exclusive. A launch beyond it, or whose memory caps with those "
+        "of the jobs on the slot exceed the slot's memory, is refused and the job queued "
+        "again. Co-located jobs on a virtual slot share its torch threads.",
+    )
+    mps: Literal["auto", "off"] = Field(
+        default="auto",
+        description="CUDA MPS for co-located jobs: `auto` starts and supervises the daemon "
+        "(`nvidia-cuda-mps-control`, pipe and log directories under work_dir/mps) when "
+        "it is on PATH and the slots are CUDA devices, and stops it on exit; `off` leaves "
+        "co-located jobs time sliced by the driver. The mode is reported per GPU.",
+    )
     warm_workers: int = Field(
         default=0,
         ge=0,

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,11 @@ class LaunchError(ValueError):
     """A launch this node cannot carry out; the job's exit says why."""
 
 
+class NoRoom(LaunchError):
+    """A launch that would exceed a GPU slot's memory or jobs: refused, not failed (the
+    scheduler queues the job again)."""
+
+
 @dataclass(eq=False)
 class _Rank:
     rank: int
@@ -91,6 +96,7 @@ class _Job:
     iteration: int  # the last boundary reported
     config_version: int
     config: dict[str, Any]
+    memory_bytes: int  # each rank's cap on its GPU
     ranks: dict[int, _Rank] = field(default_factory=dict)
     action: Action = Action.CONTINUE
     stop_requested: bool = False
@@ -109,9 +115,13 @@ class Supervisor:
         warm_workers: int = 0,
         worker_user: str | None = None,
         worker_env: Sequence[str] = (),
+        max_jobs_per_gpu: int = 4,
+        mps_pipe_directory: Path | None = None,
     ) -> None:
         """`worker_user`: whom workers run as when this process is root (None: as this
-        process); `worker_env`: variables they get beyond the allow-list. Raises
+        process); `worker_env`: variables they get beyond the allow-list;
+        `max_jobs_per_gpu`: jobs that may share a slot (1: exclusive);
+        `mps_pipe_directory`: the MPS daemon's, which CUDA workers then join. Raises
         IsolationError when that user could not run a worker here."""
         self.outbound: queue.Queue[JobEvent] = queue.Queue()
         self.node = NodeResources(
@@ -120,6 +130,9 @@ class Supervisor:
         self._work_dir = work_dir
         self._identity = prepare_worker_user(worker_user, work_dir, worker_env)
         self._stop_grace_seconds = stop_grace_seconds
+        self._max_jobs_per_gpu = max_jobs_per_gpu
+        # The most other jobs on a rank's GPU since its job's last report: (job, GPU index).
+        self._co_runners: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._jobs: dict[int, _Job] = {}
@@ -135,6 +148,7 @@ class Supervisor:
             torch_threads=torch_threads,
             worker_env=worker_env,
             warm=warm_workers,
+            mps_pipe_directory=mps_pipe_directory,
         )
         self._channel.serve(self, self._pool)
 
@@ -156,7 +170,10 @@ class Supervisor:
     def launch(self, launch: JobLaunch) -> None:
         """Start this node's ranks of a job (a resume is a launch with start_iteration > 0).
 
-        A job never has two runs here: the launch of the attempt already running is
+        A rank shares its GPU slot with other jobs' ranks while the slot's jobs stay
+        within `max_jobs_per_gpu` and their memory caps within its memory; a launch
+        beyond either is refused with the reason (an exit REFUSED: the job queues
+        again). A job never has two runs here: the launch of the attempt already running is
         ignored (a repeated command), and one of another attempt is refused, as is one
         older than an attempt this agent has seen (a stale command must not start a
         second incarnation beside the job's current one). A refused launch, or one that
@@ -187,8 +204,12 @@ class Supervisor:
             try:
                 if launch.problem is not None:
                     raise LaunchError(launch.problem)
-                self._check_free(launch.gpus)
+                self._check_room(launch)
                 self._prepare_checkpoint_dir(launch.configs[0].checkpoint_dir)
+            except NoRoom as exc:
+                logger.warning("job %d: launch refused: %s", job_id, exc, extra={"job_id": job_id})
+                self.outbound.put(JobEnded(job_id, attempt, Outcome.REFUSED, error_tail=str(exc)))
+                return
             except LaunchError as exc:
                 self._fail_before_start(job_id, str(exc), attempt)
                 return
@@ -200,9 +221,11 @@ class Supervisor:
                 launch.start_iteration,
                 launch.config_version,
                 dict(launch.configs[0].spb),
+                launch.memory_bytes,
             )
             self._jobs[job.job_id] = job
-            self._spawn(job, launch.configs, launch.gpus)
+            configs = [self._shared(config, launch.gpus[config.rank]) for config in launch.configs]
+            self._spawn(job, configs, launch.gpus)
 
     def stop(self, job_id: int, reason: str = "") -> None:
         """End the job's processes: SIGTERM now, SIGKILL after the grace period."""
@@ -319,14 +342,68 @@ class Supervisor:
 
     # ------------------------------------------------------------------ launching
 
-    def _check_free(self, gpus: dict[int, int]) -> None:
-        """A LaunchError when another job's ranks hold any of `gpus` (lock held)."""
-        busy = {
-            rank.gpu_index: job.job_id for job in self._jobs.values() for rank in job.ranks.values()
-        }
-        taken = {index: busy[index] for index in gpus.values() if index in busy}
-        if taken:
-            raise LaunchError(f"GPUs busy with other jobs (GPU index: job id): {taken}")
+    def _on_gpu(self, index: int) -> list[_Job]:
+        """The jobs with a rank on GPU `index` (lock held)."""
+        return [
+            job
+            for job in self._jobs.values()
+            if any(rank.gpu_index == index for rank in job.ranks.values())
+        ]
+
+    def _cap(self, memory_bytes: int, index: int) -> int:
+        """A rank's memory on GPU `index`: its cap, or the whole slot without one."""
+        return memory_bytes or self.node.slots[index].memory_bytes
+
+    def _check_room(self, launch: JobLaunch) -> None:
+        """NoRoom when a GPU of the launch would hold more jobs than allowed, or more
+        memory than it has, with the jobs already on it (lock held)."""
+        for index in sorted(set(launch.gpus.values())):
+            slot = self.node.slots[index]
+            there = self._on_gpu(index)
+            if len(there) + 1 > self._max_jobs_per_gpu:
+                raise NoRoom(
+                    f"GPU {index} already holds {len(there)} job(s) "
+                    f"({sorted(job.job_id for job in there)}), the most it takes "
+                    f"(JIGSAW_AGENT_MAX_JOBS_PER_GPU={self._max_jobs_per_gpu})"
+                )
+            held = sum(self._cap(job.memory_bytes, index) for job in there)
+            wanted = self._cap(launch.memory_bytes, index)
+            if there and held + wanted > slot.memory_bytes:
+                raise NoRoom(
+                    f"GPU {index} has {_gib(slot.memory_bytes - held)} of its "
+                    f"{_gib(slot.memory_bytes)} free beside jobs "
+                    f"{sorted(job.job_id for job in there)}; this job's cap is {_gib(wanted)}"
+                )
+
+    def _shared(self, config: WorkerConfig, index: int) -> WorkerConfig:
+        """A rank's configuration on a GPU it shares: a virtual slot's threads are split
+        among its jobs, this one included (lock held, before the job's ranks exist)."""
+        jobs = len(self._on_gpu(index)) + 1
+        peak = jobs - 1
+        for job in self._on_gpu(index):
+            key = (job.job_id, index)
+            self._co_runners[key] = max(self._co_runners.get(key, 0), peak)
+        self._co_runners[(config.job_id, index)] = peak
+        if not self.node.slots[index].virtual or jobs == 1:
+            return config
+        return config.model_copy(update={"torch_threads": max(1, self.node.torch_threads // jobs)})
+
+    def _co_runners_since_report(self, job_id: int, index: int) -> int:
+        """The most other jobs on GPU `index` since the job's previous report; the window
+        starts again now (lock held)."""
+        # A neighbour whose process there has exited no longer shares it, though its job
+        # ends only once its output and messages are in.
+        now = len(
+            [
+                job
+                for job in self._on_gpu(index)
+                if job.job_id != job_id
+                and any(r.gpu_index == index and not r.reaped for r in job.ranks.values())
+            ]
+        )
+        peak = max(self._co_runners.get((job_id, index), 0), now)
+        self._co_runners[(job_id, index)] = now
+        return peak
 
     def _prepare_checkpoint_dir(self, directory: Path | None) -> None:
         """A worker of another user writes the job's checkpoints: the directory is its."""
@@ -363,7 +440,12 @@ class Supervisor:
                 process = pooled if pooled is not None else self._pool.spawn(config_path)
                 gpu_index = gpu_of_rank[config.rank]
                 events = _RankEvents(
-                    job, config.rank, self._lock, self.outbound, self.node.slots[gpu_index].kind
+                    job,
+                    config.rank,
+                    self._lock,
+                    self.outbound,
+                    self.node.slots[gpu_index].kind,
+                    partial(self._co_runners_since_report, job.job_id, gpu_index),
                 )
                 rank = _Rank(config.rank, process, log_path, gpu_index, RankLink(events))
                 job.ranks[config.rank] = rank
@@ -462,6 +544,8 @@ class Supervisor:
             rank.returncode = returncode
             if all(other.returncode is not None for other in job.ranks.values()):
                 del self._jobs[job.job_id]
+                for other in job.ranks.values():
+                    self._co_runners.pop((job.job_id, other.gpu_index), None)
                 self.outbound.put(_job_exit(job))
                 self._changed.notify_all()
 
@@ -475,6 +559,7 @@ class _RankEvents:
     lock: threading.Lock  # the supervisor's
     outbound: queue.Queue[JobEvent]
     device_kind: str  # of the rank's GPU slot
+    co_runners: Callable[[], int]  # other jobs on its GPU since the last report (lock held)
 
     def decision(self) -> Decision:
         with self.lock:
@@ -483,7 +568,19 @@ class _RankEvents:
     def reported(self, records: list[IterationRecord]) -> None:
         with self.lock:
             self.job.iteration = max(self.job.iteration, records[-1].iteration)
-        self.outbound.put(Iterations(self.job.job_id, tuple(records)))
+            others = self.co_runners()
+        # A device-wide utilization says nothing of this job while others ran beside it.
+        stamped = tuple(
+            replace(
+                record,
+                co_runners=others,
+                utilization=record.utilization
+                if record.utilization_per_process or not others
+                else None,
+            )
+            for record in records
+        )
+        self.outbound.put(Iterations(self.job.job_id, stamped))
 
     def evaluated(self, iteration: int, metrics: dict[str, float]) -> None:
         if self.rank == 0:
@@ -563,3 +660,7 @@ def _error_tail(rank: _Rank) -> str:
     except OSError as exc:
         tail = f"(no log: {exc})"
     return f"rank {rank.rank} exited with code {rank.returncode}\n{tail}"
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"

@@ -34,7 +34,7 @@ from worker_agent.jobs import (
     Profiled,
 )
 from worker_agent.runtime.config import WorkerConfig
-from worker_agent.runtime.protocol import Outcome
+from worker_agent.runtime.protocol import IterationRecord, Outcome
 
 Outbound = pb.JobIterations | pb.Evaluation | pb.LogTail | pb.JobExit | pb.ModelProfileReport
 
@@ -43,7 +43,9 @@ _OUTCOMES = {
     Outcome.FAILED: pb.OUTCOME_FAILED,
     Outcome.SUSPENDED: pb.OUTCOME_SUSPENDED,
     Outcome.STOPPED: pb.OUTCOME_STOPPED,
+    Outcome.REFUSED: pb.OUTCOME_REFUSED,
 }
+_SHARING = {"time-sliced": pb.SHARING_TIME_SLICED, "mps": pb.SHARING_MPS}
 
 
 class InvalidCommand(ValueError):
@@ -62,6 +64,7 @@ def job_launch(
         start_iteration=command.start_iteration,
         config_version=command.config_version,
         gpus={assignment.rank: assignment.gpu_index for assignment in command.ranks},
+        memory_bytes=max(command.memory_bytes, 0),
     )
     try:
         return replace(launch, configs=_worker_configs(command, node, code_dir))
@@ -84,9 +87,7 @@ def outbound(event: JobEvent) -> Outbound:
     TypeError when a worker's report does not make one."""
     match event:
         case Iterations(job_id, records):
-            return pb.JobIterations(
-                job_id=job_id, records=[pb.IterationRecord(**asdict(r)) for r in records]
-            )
+            return pb.JobIterations(job_id=job_id, records=[_record(r) for r in records])
         case Evaluated(job_id, iteration, metrics):
             return pb.Evaluation(job_id=job_id, iteration=iteration, metrics=metrics)
         case LogLine(job_id, rank, level, message):
@@ -96,11 +97,13 @@ def outbound(event: JobEvent) -> Outbound:
                 measured = SPBProfile.from_json(profile)
             except (KeyError, AttributeError) as exc:
                 raise ValueError(f"not a model profile: {exc!r}") from exc
+            utilization = profile.get("utilization")
             return pb.ModelProfileReport(
                 job_id=job_id,
                 workload=workload,
                 device_kind=device_kind,
                 profile=convert.profile_message(measured),
+                utilization=float(utilization) if isinstance(utilization, float) else None,
             )
         case JobEnded():
             return pb.JobExit(
@@ -117,8 +120,19 @@ def outbound(event: JobEvent) -> Outbound:
 def gpu(slot: GpuSlot) -> pb.Gpu:
     """A GPU slot as the agent registers it."""
     return pb.Gpu(
-        index=slot.index, kind=slot.kind, memory_bytes=slot.memory_bytes, virtual=slot.virtual
+        index=slot.index,
+        kind=slot.kind,
+        memory_bytes=slot.memory_bytes,
+        virtual=slot.virtual,
+        sharing=_SHARING[slot.sharing],
     )
+
+
+def _record(record: IterationRecord) -> pb.IterationRecord:
+    fields = asdict(record)
+    # The agent already judged the scope: a device's figure while others ran is unset.
+    del fields["utilization_per_process"]
+    return pb.IterationRecord(**fields)
 
 
 def running_jobs(runs: dict[int, tuple[int, dict[int, int]]]) -> list[pb.RunningJob]:
@@ -154,6 +168,8 @@ def _worker_configs(
         )
     if len(set(indices)) < len(indices) or len(set(ranks)) < len(ranks):
         raise InvalidCommand(f"ranks {ranks} on GPUs {indices}: a rank or GPU is repeated")
+    if command.memory_bytes < 0:
+        raise InvalidCommand(f"memory_bytes {command.memory_bytes} is negative")
     try:
         launch_spb = convert.spb_config(command.spb) if command.HasField("spb") else None
     except ValidationError as exc:
@@ -206,6 +222,8 @@ def _worker_config(
         data_dir=node.data_dir,
         code_dir=code_dir,
         torch_threads=node.torch_threads,
+        # No cap from the scheduler: the whole slot (none where its memory is unknown).
+        memory_cap_bytes=command.memory_bytes or node.slots[gpu_index].memory_bytes or None,
         spb_enabled=spec.spb != "off",
         # A fresh SPB job measures its model for the scheduler's pricing.
         profile=spec.spb != "off" and command.start_iteration == 0,

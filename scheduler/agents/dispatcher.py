@@ -41,6 +41,7 @@ from scheduler.models.agents import (
     NodeRun,
     bind_run,
     instance_digest,
+    memory_cap,
     runs_on_node,
 )
 
@@ -51,7 +52,12 @@ _OUTCOMES = {
     pb.OUTCOME_FAILED: RunOutcome.FAILED,
     pb.OUTCOME_SUSPENDED: RunOutcome.SUSPENDED,
     pb.OUTCOME_STOPPED: RunOutcome.STOPPED,
+    pb.OUTCOME_REFUSED: RunOutcome.REFUSED,
 }
+# A rank's memory cap over the largest peak its job reported (allocator and data-loader
+# variation between iterations), from its last iterations.
+MEMORY_HEADROOM = 1.25
+_MEMORY_RECENT_ITERATIONS = 20
 
 # Why a job-scoped message from an agent was dropped (`jigsaw_reports_dropped_total`).
 NOT_ALLOCATED = "not_allocated"  # the job is not this node's, now or ever
@@ -305,9 +311,28 @@ class AgentDispatcher:
         Hello claiming the run after a restart of the scheduler finds whom it was
         launched to."""
         with transaction(self._factory) as db:
+            caps = {}
             for node, run in runs.items():
                 gpu_ids = [w.gpu_id for w in launch.workers if w.node_name == node]
-                bind_run(db, launch.job_id, launch.attempt, gpu_ids, instance_digest(run.instance))
+                caps[node] = (
+                    launch.memory_bytes
+                    if launch.memory_bytes is not None
+                    else memory_cap(
+                        db,
+                        launch.job_id,
+                        gpu_ids,
+                        headroom=MEMORY_HEADROOM,
+                        recent=_MEMORY_RECENT_ITERATIONS,
+                    )
+                )
+                bind_run(
+                    db,
+                    launch.job_id,
+                    launch.attempt,
+                    gpu_ids,
+                    instance_digest(run.instance),
+                    caps[node],
+                )
         spec = convert.spec_message(JobSpec.model_validate(launch.spec))
         messages = {}
         for node, assignments in by_node.items():
@@ -326,6 +351,7 @@ class AgentDispatcher:
                 checkpoint_every=self._checkpoint_every,
                 attempt=launch.attempt,
                 global_batch=launch.global_batch,
+                memory_bytes=caps[node],
             )
             messages[node] = (
                 pb.SchedulerMessage(resume=command)
@@ -511,11 +537,17 @@ class AgentDispatcher:
                 self._drop_job(job_id)
 
     def _busy_gpus(self, wanted: Mapping[str, Sequence[pb.RankAssignment]]) -> list[str]:
-        """`node:index` of the wanted GPUs that processes of any job still hold (lock held)."""
+        """`node:index` of the wanted GPUs that processes of an ending run still hold: a
+        stray, or one told to stop or suspend (lock held). A current run that goes on
+        holds its GPU in the database too, so a placement beside it is the policy's
+        choice to share the GPU, which the agent accepts or refuses by its room."""
         held = {
             (node, gpu)
-            for nodes in self._jobs.values()
+            for job_id, nodes in self._jobs.items()
             for node, run in nodes.items()
+            if not run.current
+            or (job_id, node) in self._stopping
+            or (job_id, node) in self._suspending
             for gpu in run.ranks.values()
         }
         return sorted(
@@ -538,6 +570,8 @@ class AgentDispatcher:
 
 
 def _exit_message(node: str, message: pb.JobExit, outcome: RunOutcome) -> str:
+    if outcome is RunOutcome.REFUSED:
+        return f"launch refused by {node}: {message.error_tail.strip()}"
     if outcome is not RunOutcome.FAILED:
         return f"{outcome.value} on {node} at iteration {message.iteration}"
     tail = message.error_tail.strip()

@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from jigsaw.gpus import GpuSlot
+from jigsaw.gpus import GpuSlot, Sharing
 from jigsaw.jobspec import checked_workload
 from jigsaw.proto import convert
 from jigsaw.proto.v2 import agent_pb2 as pb
@@ -54,6 +54,8 @@ _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", re.IGNORECASE
 # An agent process's instance key: drawn at random by the agent, kept secret.
 _INSTANCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _MAX_GPUS = 1024
+# An agent older than the field says nothing: its GPUs are time sliced.
+_SHARING: dict[int, Sharing] = {pb.SHARING_MPS: "mps", pb.SHARING_TIME_SLICED: "time-sliced"}
 _MAX_TEXT = 64 * 1024
 # One warning per node and reason in this many seconds: a flood of bad messages is
 # counted in full but does not flood the log.
@@ -89,7 +91,16 @@ def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
         if gpu.memory_bytes < 0 or not gpu.kind or len(gpu.kind) > 64:
             raise InvalidMessage(f"GPU {gpu.index}: kind must be 1-64 chars, memory >= 0")
     check_instance(request.instance)
-    return [GpuSlot(gpu.index, gpu.kind, gpu.memory_bytes, gpu.virtual) for gpu in request.gpus]
+    return [
+        GpuSlot(
+            gpu.index,
+            gpu.kind,
+            gpu.memory_bytes,
+            gpu.virtual,
+            _SHARING.get(gpu.sharing, "time-sliced"),
+        )
+        for gpu in request.gpus
+    ]
 
 
 def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
@@ -135,6 +146,7 @@ def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
                 "learning_rate": _finite_or_none(record.learning_rate or None),
                 "grad_sqr": noise[0],
                 "grad_var": noise[1],
+                "co_runners": max(record.co_runners, 0),
             }
         )
     return rows, len(records) - len(rows)
@@ -144,8 +156,9 @@ def _finite_or_none(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def model_profile(report: pb.ModelProfileReport) -> tuple[SPBProfile, str]:
-    """The profile a report carries, and the device kind it was measured on."""
+def model_profile(report: pb.ModelProfileReport) -> tuple[SPBProfile, str, float | None]:
+    """The profile a report carries, the device kind it was measured on and the
+    device's utilization meanwhile (None: not measured)."""
     try:
         checked_workload(report.workload)
         profile = convert.model_profile(report.profile)
@@ -159,11 +172,13 @@ def model_profile(report: pb.ModelProfileReport) -> tuple[SPBProfile, str]:
             and all("\0" not in name for name in profile.steps_ratio)
             and 0 < len(report.device_kind) <= 64
         )
+        utilization = report.utilization if report.HasField("utilization") else None
+        valid = valid and (utilization is None or (math.isfinite(utilization) and utilization >= 0))
     except ValueError as exc:
         raise InvalidMessage(f"profile of job {report.job_id}: {exc}") from None
     if not valid:
         raise InvalidMessage(f"profile of job {report.job_id} has invalid values")
-    return profile, report.device_kind
+    return profile, report.device_kind, utilization
 
 
 class AgentService(agent_pb2_grpc.AgentServiceServicer):
@@ -382,9 +397,9 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
         """Trial code can forge a profile: a bad one is dropped and logged, and the
         stream (every other job of the agent) goes on."""
         try:
-            profile, device_kind = model_profile(report)
+            profile, device_kind, utilization = model_profile(report)
             with transaction(self._factory) as db:
-                save_profile(db, profile, device_kind)
+                save_profile(db, profile, device_kind, utilization, keep_price=True)
         except Exception as exc:
             self._count_invalid(1)
             logger.warning(

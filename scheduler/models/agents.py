@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from jigsaw.gpus import GpuSlot
-from scheduler.orm import GPU, Agent, Allocation, Event, Node, utcnow
+from scheduler.orm import GPU, Agent, Allocation, Event, IterationMetric, Job, Node, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -69,10 +70,12 @@ def register(
                     kind=slot.kind,
                     memory_bytes=slot.memory_bytes,
                     virtual=slot.virtual,
+                    sharing=slot.sharing,
                 )
             )
         else:
             gpu.kind, gpu.memory_bytes, gpu.virtual = slot.kind, slot.memory_bytes, slot.virtual
+            gpu.sharing = slot.sharing
     if existing:
         logger.warning("node %s no longer offers GPUs %s", node_name, sorted(existing))
     agent = session.scalar(select(Agent).where(Agent.node_id == node.id))
@@ -220,9 +223,15 @@ def runs_on_node(session: Session, node_id: int, job_ids: Iterable[int]) -> dict
 
 
 def bind_run(
-    session: Session, job_id: int, attempt: int, gpu_ids: Iterable[int], digest: str
+    session: Session,
+    job_id: int,
+    attempt: int,
+    gpu_ids: Iterable[int],
+    digest: str,
+    memory_bytes: int | None = None,
 ) -> None:
-    """Record which agent process the run of `attempt` on these GPUs was launched to."""
+    """Record which agent process the run of `attempt` on these GPUs was launched to,
+    and the memory cap each rank was sent."""
     session.execute(
         update(Allocation)
         .where(
@@ -231,6 +240,26 @@ def bind_run(
             Allocation.gpu_id.in_(set(gpu_ids)),
             Allocation.released_at.is_(None),
         )
-        .values(agent_instance=digest)
+        .values(agent_instance=digest, memory_bytes=memory_bytes)
         .execution_options(synchronize_session=False)
     )
+
+
+def memory_cap(
+    session: Session, job_id: int, gpu_ids: Iterable[int], *, headroom: float, recent: int
+) -> int:
+    """Each rank's memory cap on these GPUs: the largest peak the job reported in its
+    last `recent` iterations times `headroom`, within the smallest of the GPUs; a job
+    that has not reported gets the whole GPU (so nothing fits beside it)."""
+    smallest = session.scalar(select(func.min(GPU.memory_bytes)).where(GPU.id.in_(set(gpu_ids))))
+    whole = int(smallest or 0)
+    done = select(Job.iterations_done).where(Job.id == job_id).scalar_subquery()
+    peak = session.scalar(
+        select(func.max(IterationMetric.peak_memory_bytes)).where(
+            IterationMetric.job_id == job_id, IterationMetric.iteration > done - recent
+        )
+    )
+    if not peak:
+        return whole
+    capped = math.ceil(int(peak) * headroom)
+    return min(whole, capped) if whole else capped

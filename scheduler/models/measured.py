@@ -1,7 +1,7 @@
 """Job models of the real cluster, from what the database knows of each active job.
 
 The simulator builds a `JobModel` from application profiles; on the cluster there are
-none, so the snapshot builds one from three sources, in two queries whatever the number
+none, so the snapshot builds one from three sources, in three queries whatever the number
 of jobs (no per-job query, and only the last `RECENT_ITERATIONS` rows of each job read
 through the `(job_id, iteration)` index):
 
@@ -15,9 +15,13 @@ through the `(job_id, iteration)` index):
   SPB until it has reported some.
 - length: `max_iterations`; a job with only a target metric is taken as
   `UNKNOWN_ITERATIONS` long (the longest a spec allows), as SRTF takes it as longest.
-- SPB: the latest profile of its workload (`model_profiles`), only for a spec that says
-  `spb: auto`. A job whose spec says `off` or a fixed configuration gets none, so no
-  policy prices SPB configurations for it.
+- SPB: a profile of its workload (`model_profiles`), only for a spec that says
+  `spb: auto`: one measured on the kind of GPU the job holds first, then one priced
+  (with SPB's statistical price, as `jigsaw profile --efficiency --save` stores it)
+  over the unpriced ones every new job measures, then one at its per-worker batch,
+  then the newest (one more query, for the kind of GPU each holds). A job whose spec
+  says `off` or a fixed configuration gets none, so no policy prices SPB
+  configurations for it.
 - memory: the largest peak rank 0 reported in its recent iterations; unknown, it is
   taken to fill its GPU (the largest in the cluster), so nothing is packed beside it.
   Memory freed by SPB is not assumed: `activation_fraction` stays 0.
@@ -35,7 +39,7 @@ from sqlalchemy.orm import Session
 
 from jigsaw import spb
 from scheduler.core.jobmodel import JobModel
-from scheduler.orm import IterationMetric, Job, ModelProfile
+from scheduler.orm import GPU, Allocation, IterationMetric, Job, ModelProfile
 
 logger = logging.getLogger(__name__)
 
@@ -66,15 +70,13 @@ class ActiveJob:
 def job_models(
     session: Session, jobs: Iterable[ActiveJob], active_states: Iterable[str], gpu_memory: int
 ) -> dict[int, JobModel]:
-    """A model for each job that has reported iterations (two queries)."""
+    """A model for each job that has reported iterations (three queries)."""
     full, partial = _recent_speeds(session, list(active_states))
     listed = list(jobs)
-    profiles = _latest_profiles(
-        session, {str(job.spec.get("workload")) for job in listed if _auto(job)}
-    )
+    profiles = _preferred_profiles(session, [job for job in listed if _auto(job)])
     models = {}
     for job in listed:
-        profile = profiles.get(str(job.spec.get("workload"))) if _auto(job) else None
+        profile = profiles.get(job.id)
         steps = _full_backprop_step(job, profile, full.get(job.id), partial.get(job.id))
         if steps is None:
             continue
@@ -125,22 +127,75 @@ def _recent_speeds(
     return full, partial
 
 
-def _latest_profiles(session: Session, workloads: set[str]) -> dict[str, spb.SPBProfile]:
-    """The most recently measured profile of each workload (any device or batch)."""
-    if not workloads:
+@dataclass(frozen=True)
+class _StoredProfile:
+    profile: spb.SPBProfile
+    device_kind: str | None
+    order: int  # position by measurement time: greater is newer
+
+
+def _preferred_profiles(session: Session, jobs: list[ActiveJob]) -> dict[int, spb.SPBProfile]:
+    """Each job's profile of its workload: measured on the kind of GPU the job holds,
+    priced, at its per-worker batch, newest, in that order of preference."""
+    if not jobs:
         return {}
-    latest: dict[str, spb.SPBProfile] = {}
-    for workload, data in session.execute(
-        select(ModelProfile.workload, ModelProfile.data)
-        .where(ModelProfile.workload.in_(sorted(workloads)))
-        .order_by(ModelProfile.created_at, ModelProfile.id)
+    stored: dict[str, list[_StoredProfile]] = {}
+    for order, (workload, data) in enumerate(
+        session.execute(
+            select(ModelProfile.workload, ModelProfile.data)
+            .where(ModelProfile.workload.in_(sorted({_workload(job) for job in jobs})))
+            .order_by(ModelProfile.created_at, ModelProfile.id)
+        )
     ):
         try:
-            latest[workload] = spb.SPBProfile.from_json(data)  # later rows replace earlier
+            profile = spb.SPBProfile.from_json(data)
         except (KeyError, TypeError, ValueError):
             # One bad row must not stop every round: the job is priced without it.
             logger.warning("model profile of %r is malformed; ignored", workload)
-    return latest
+            continue
+        kind = data.get("device_kind")
+        stored.setdefault(workload, []).append(
+            _StoredProfile(profile, kind if isinstance(kind, str) else None, order)
+        )
+    held = {
+        job_id: kind
+        for job_id, kind in session.execute(
+            select(Allocation.job_id, func.min(GPU.kind))
+            .join(GPU, GPU.id == Allocation.gpu_id)
+            .where(
+                Allocation.job_id.in_([job.id for job in jobs]), Allocation.released_at.is_(None)
+            )
+            .group_by(Allocation.job_id)
+        )
+    }
+    chosen = {}
+    for job in jobs:
+        candidates = stored.get(_workload(job))
+        if not candidates:
+            continue
+        kind = held.get(job.id)
+        batch = _per_worker_batch(job)
+        best = max(
+            candidates,
+            key=lambda s: (
+                kind is not None and s.device_kind == kind,
+                bool(s.profile.steps_ratio),
+                s.profile.per_worker_batch == batch,
+                s.order,
+            ),
+        )
+        chosen[job.id] = best.profile
+    return chosen
+
+
+def _workload(job: ActiveJob) -> str:
+    return str(job.spec.get("workload"))
+
+
+def _per_worker_batch(job: ActiveJob) -> int | None:
+    hyperparameters = job.spec.get("hyperparameters")
+    batch = hyperparameters.get("batch_size") if isinstance(hyperparameters, Mapping) else None
+    return batch // job.workers if isinstance(batch, int) and job.workers > 0 else None
 
 
 def _full_backprop_step(

@@ -45,6 +45,7 @@ ROW_COLUMNS = (
     "learning_rate",
     "grad_sqr",
     "grad_var",
+    "co_runners",
 )
 # What a row that leaves a column out gets (the rest default to NULL).
 _DEFAULTS = {"compute_seconds": 0.0, "comm_seconds": 0.0, "samples_per_second": 0.0}

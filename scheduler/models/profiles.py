@@ -20,7 +20,19 @@ def profile_key(profile: SPBProfile, device_kind: str) -> str:
     return f"{device_kind}/batch-{profile.per_worker_batch}"
 
 
-def save_profile(session: Session, profile: SPBProfile, device_kind: str) -> ModelProfile:
+def save_profile(
+    session: Session,
+    profile: SPBProfile,
+    device_kind: str,
+    utilization: float | None = None,
+    *,
+    keep_price: bool = False,
+) -> ModelProfile:
+    """`utilization`: the device's while the profile's passes ran (None: not measured).
+    `keep_price`: a profile without SPB's statistical price (what every new SPB job
+    measures) keeps the price stored under its key (`jigsaw profile --efficiency
+    --save`'s, which takes training runs to measure and depends on neither the stage
+    timings nor the device), instead of erasing it."""
     key = profile_key(profile, device_kind)
     row = session.scalar(
         select(ModelProfile).where(
@@ -28,6 +40,10 @@ def save_profile(session: Session, profile: SPBProfile, device_kind: str) -> Mod
         )
     )
     data: dict[str, Any] = {**profile.to_json(), "device_kind": device_kind}
+    if keep_price and not profile.steps_ratio and row is not None:
+        data["steps_ratio"] = row.data.get("steps_ratio", {})
+    if utilization is not None:
+        data["utilization"] = utilization
     if row is None:
         row = ModelProfile(workload=profile.workload, key=key, data=data)
         session.add(row)

@@ -56,7 +56,18 @@ class WorkerConfig(BaseModel):
         "before the workload is imported (None: the job has none).",
     )
     torch_threads: int | None = Field(
-        default=None, ge=1, description="CPU threads of this slot (torch.set_num_threads)."
+        default=None,
+        ge=1,
+        description="CPU threads of this rank (torch.set_num_threads): the slot's, divided "
+        "among the jobs sharing it.",
+    )
+    memory_cap_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="The memory this rank may use on its device (its share of the slot); "
+        "on CUDA torch's per-process memory fraction, on CPU the process's peak resident "
+        "memory, checked at every iteration. Over it the rank fails alone with "
+        "'memory cap exceeded'. None: no cap.",
     )
     spb_enabled: bool = Field(
         default=False,

@@ -30,12 +30,13 @@ from worker_agent.runtime.boundary import Agreement, BoundarySync
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.control import Controller
 from worker_agent.runtime.kfac import KFACSGD
+from worker_agent.runtime.memory_cap import MemoryCap, MemoryCapExceeded
 from worker_agent.runtime.protocol import Action, Decision, ExitStatus, IterationRecord, Outcome
 from worker_agent.runtime.reporting import ReportBuffer
 from worker_agent.runtime.sampling import DataPosition, ShardedBatches, to_device
 from worker_agent.runtime.schedules import registry
 from worker_agent.runtime.schedules.base import Parts
-from worker_agent.runtime.schedules.elastic import ElasticDataParallel, batch_split
+from worker_agent.runtime.schedules.elastic import batch_split
 from worker_agent.runtime.spb import stages
 from worker_agent.runtime.spb.partial import PartialBackprop
 from worker_agent.runtime.spb.profiler import profile_model
@@ -60,9 +61,16 @@ def run_worker(config: WorkerConfig, controller: Controller) -> ExitStatus:
     status = ExitStatus(Outcome.FAILED, 0)
     training: _Training | None = None
     try:
+        cap = MemoryCap(device, config.memory_cap_bytes)
         _init_distributed(config, device)
-        training = _Training(config, controller, device)
+        training = _Training(config, controller, device, cap)
         status = training.run()
+        return status
+    except MemoryCapExceeded as exc:
+        # Over its share of a shared slot: this rank fails with that reason, no traceback.
+        logger.error("%s", exc)
+        iteration = training.iteration if training is not None else 0
+        status = ExitStatus(Outcome.FAILED, iteration, error_tail=str(exc))
         return status
     except checkpoint.Fenced as exc:
         # A newer run of the job owns its checkpoints: this one is stale and goes away.
@@ -104,8 +112,11 @@ def _init_distributed(config: WorkerConfig, device: torch.device) -> None:
 
 
 class _Training:
-    def __init__(self, config: WorkerConfig, controller: Controller, device: torch.device) -> None:
+    def __init__(
+        self, config: WorkerConfig, controller: Controller, device: torch.device, cap: MemoryCap
+    ) -> None:
         self._config = config
+        self._cap = cap
         self._controller = controller
         self._device = device
         self._rank0 = config.rank == 0
@@ -271,6 +282,7 @@ class _Training:
             # put on the model (K-FAC's, the out-of-order schedules') hold process groups.
             copy = self._trial.build_model().to(self._device)
             copy.load_state_dict(self._net.state_dict())
+            busy = utilization_meter(self._device)
             profile = profile_model(
                 self._config.workload,
                 self._trial,
@@ -278,9 +290,14 @@ class _Training:
                 stages=self._config.spb_stages,
                 repeats=_PROFILE_REPEATS,
             )
+            utilization = busy.sample()
         finally:
             rng.restore(state)
-        self._controller.profile(self._config.workload, profile.to_json())
+        # How busy the device was while the model ran alone on it: what co-location
+        # decisions start from before the job reports iterations.
+        self._controller.profile(
+            self._config.workload, {**profile.to_json(), "utilization": utilization}
+        )
         self._announce(f"measured the model: {len(profile.stages)} stages")
         return profile
 
@@ -326,14 +343,15 @@ class _Training:
             depths = self._partial.begin(self.iteration)
             if depths != before:
                 self._tell_contributors(depths)
-        batch = to_device(self._batches.next(), self._device)
-        self._schedule.zero_grad()
-        if agreeing:
-            self._sync.offer(boundary, decision, self._target_reached)
-        loss = self._schedule.forward_backward(batch, agreeing)
-        backward_end = self._clock.mark()
-        self._schedule.step()
-        end = self._clock.mark()
+        with self._cap.guard():
+            batch = to_device(self._batches.next(), self._device)
+            self._schedule.zero_grad()
+            if agreeing:
+                self._sync.offer(boundary, decision, self._target_reached)
+            loss = self._schedule.forward_backward(batch, agreeing)
+            backward_end = self._clock.mark()
+            self._schedule.step()
+            end = self._clock.mark()
         if agreeing:
             agreed = self._sync.wait()
         if self._rank0:
@@ -351,6 +369,7 @@ class _Training:
     def _record(self, start: Mark, backward_end: Mark, end: Mark, loss: float) -> IterationRecord:
         step = self._clock.seconds(start, end)
         comm, wire_bytes = self._schedule.communication(backward_end)
+        noise = self._schedule.gradient_noise()
         return IterationRecord(
             iteration=self.iteration + 1,
             step_seconds=step,
@@ -359,19 +378,15 @@ class _Training:
             samples_per_second=self._global_batch / step,
             loss=loss,
             utilization=self._utilization.sample(),
+            utilization_per_process=self._utilization.per_process,
             peak_memory_bytes=peak_memory_bytes(self._device),
             bytes_communicated=wire_bytes,
             spb_depth=self._partial.depth_fraction if self._partial is not None else None,
             batch_size=self._global_batch,
             learning_rate=float(self._optimizer.param_groups[0]["lr"]),
-            **self._noise(),
+            grad_sqr=noise.sqr if noise is not None else None,
+            grad_var=noise.var if noise is not None else None,
         )
-
-    def _noise(self) -> dict[str, float]:
-        """The gradient noise an elastic job's schedule measures, once it has."""
-        schedule = self._schedule
-        noise = schedule.noise.params if isinstance(schedule, ElasticDataParallel) else None
-        return {} if noise is None else {"grad_sqr": noise.sqr, "grad_var": noise.var}
 
     def _evaluate(self) -> None:
         """Every rank, at the same boundaries (a pipeline's stages gather their parts to

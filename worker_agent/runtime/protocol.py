@@ -52,6 +52,9 @@ class Outcome(StrEnum):
     SUSPENDED = "suspended"
     STOPPED = "stopped"
     FAILED = "failed"
+    # Never started: no room on a GPU slot. The agent's only (no worker exits so): the
+    # scheduler queues the job again.
+    REFUSED = "refused"
 
 
 # The worker process's exit code for each outcome.
@@ -105,6 +108,11 @@ class IterationRecord:
     learning_rate: float = 0.0
     grad_sqr: float | None = None
     grad_var: float | None = None
+    # Whether `utilization` is this process's own (NVML per process, CPU time) rather
+    # than its whole device's, which says nothing of the job while others share it.
+    utilization_per_process: bool = False
+    # Other jobs on the rank's GPU during these iterations: the agent's to fill.
+    co_runners: int = 0
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,8 +11,10 @@ first bucket also carries the boundary agreement when one is offered (`boundary`
 
 # No `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
 # annotations at runtime and refuses strings.
+import os
 import resource
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -112,8 +114,11 @@ def peak_memory_bytes(device: torch.device) -> int:
 class CpuUtilization:
     """Process CPU time over wall time per torch thread, between successive calls.
 
-    Above 1 when threads other than torch's (gloo's) are busy too.
+    Above 1 when threads other than torch's (gloo's) are busy too. Always this process's
+    own, also on a slot other jobs share.
     """
+
+    per_process = True
 
     def __init__(self) -> None:
         self._cpu = time.process_time()
@@ -127,14 +132,24 @@ class CpuUtilization:
 
 
 class CudaUtilization:
-    """NVML's GPU utilization (percent of time a kernel ran, over its last sample period),
-    through torch, which needs the `pynvml` module; None when NVML is not available."""
+    """NVML's utilization of the GPU by this process (`nvmlDeviceGetProcessUtilization`:
+    SM busy percent over the samples since the previous call) where the driver gives it,
+    else the device's (percent of time any kernel ran), which `per_process` then says is
+    not this job's alone. None when NVML (the `pynvml` module) is not available."""
 
     def __init__(self, device: torch.device) -> None:
         self._device = device
         self._available = True
+        self._process = _ProcessUtilization.open(device)
+        self.per_process = False
 
     def sample(self) -> float | None:
+        if self._process is not None:
+            mine = self._process.sample()
+            if mine is not None:
+                self.per_process = True
+                return mine
+        self.per_process = False
         if not self._available:
             return None
         try:
@@ -142,6 +157,38 @@ class CudaUtilization:
         except (ModuleNotFoundError, RuntimeError):
             self._available = False  # no NVML here: stop asking
             return None
+
+
+class _ProcessUtilization:
+    """This process's SM utilization from NVML's per-process samples."""
+
+    def __init__(self, nvml: Any, handle: Any) -> None:
+        self._nvml = nvml
+        self._handle = handle
+        self._since = 0  # NVML's timestamp (microseconds) of the last sample taken
+
+    @classmethod
+    def open(cls, device: torch.device) -> "_ProcessUtilization | None":
+        try:
+            import pynvml  # type: ignore[import-not-found, unused-ignore]
+
+            pynvml.nvmlInit()
+            # By UUID: CUDA's device order and NVML's may differ.
+            uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+            return cls(pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid))
+        except Exception:  # no NVML, no driver, an old pynvml: the device's figure then
+            return None
+
+    def sample(self) -> float | None:
+        try:
+            samples = self._nvml.nvmlDeviceGetProcessUtilization(self._handle, self._since)
+        except Exception:  # not supported by this driver or GPU, or no sample yet
+            return None
+        mine = [s for s in samples if s.pid == os.getpid() and s.timeStamp > self._since]
+        if not mine:
+            return None
+        self._since = max(s.timeStamp for s in mine)
+        return sum(s.smUtil for s in mine) / len(mine) / 100.0
 
 
 def utilization_meter(device: torch.device) -> CpuUtilization | CudaUtilization:

@@ -7,6 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Sharing(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SHARING_UNSPECIFIED: _ClassVar[Sharing]
+    SHARING_TIME_SLICED: _ClassVar[Sharing]
+    SHARING_MPS: _ClassVar[Sharing]
+
 class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
@@ -14,6 +20,7 @@ class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OUTCOME_FAILED: _ClassVar[Outcome]
     OUTCOME_SUSPENDED: _ClassVar[Outcome]
     OUTCOME_STOPPED: _ClassVar[Outcome]
+    OUTCOME_REFUSED: _ClassVar[Outcome]
 
 class Optimizer(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -46,11 +53,15 @@ class PipelineSchedule(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PIPELINE_SCHEDULE_GPIPE: _ClassVar[PipelineSchedule]
     PIPELINE_SCHEDULE_1F1B: _ClassVar[PipelineSchedule]
     PIPELINE_SCHEDULE_ZERO_BUBBLE: _ClassVar[PipelineSchedule]
+SHARING_UNSPECIFIED: Sharing
+SHARING_TIME_SLICED: Sharing
+SHARING_MPS: Sharing
 OUTCOME_UNSPECIFIED: Outcome
 OUTCOME_SUCCEEDED: Outcome
 OUTCOME_FAILED: Outcome
 OUTCOME_SUSPENDED: Outcome
 OUTCOME_STOPPED: Outcome
+OUTCOME_REFUSED: Outcome
 OPTIMIZER_UNSPECIFIED: Optimizer
 OPTIMIZER_SGD: Optimizer
 OPTIMIZER_ADAM: Optimizer
@@ -88,16 +99,18 @@ class CodeChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "kind", "memory_bytes", "virtual")
+    __slots__ = ("index", "kind", "memory_bytes", "virtual", "sharing")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     VIRTUAL_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
     index: int
     kind: str
     memory_bytes: int
     virtual: bool
-    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., virtual: _Optional[bool] = ...) -> None: ...
+    sharing: Sharing
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., virtual: _Optional[bool] = ..., sharing: _Optional[_Union[Sharing, str]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("node_name", "gpus", "agent_version", "address", "instance")
@@ -168,7 +181,7 @@ class Heartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class IterationRecord(_message.Message):
-    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated", "spb_depth", "grad_sqr", "grad_var", "batch_size", "learning_rate")
+    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated", "spb_depth", "grad_sqr", "grad_var", "batch_size", "learning_rate", "co_runners")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -183,6 +196,7 @@ class IterationRecord(_message.Message):
     GRAD_VAR_FIELD_NUMBER: _ClassVar[int]
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    CO_RUNNERS_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     step_seconds: float
     compute_seconds: float
@@ -197,7 +211,8 @@ class IterationRecord(_message.Message):
     grad_var: float
     batch_size: int
     learning_rate: float
-    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ...) -> None: ...
+    co_runners: int
+    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., co_runners: _Optional[int] = ...) -> None: ...
 
 class JobIterations(_message.Message):
     __slots__ = ("job_id", "records", "replayed")
@@ -270,16 +285,18 @@ class Evaluation(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., iteration: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ModelProfileReport(_message.Message):
-    __slots__ = ("job_id", "workload", "device_kind", "profile")
+    __slots__ = ("job_id", "workload", "device_kind", "profile", "utilization")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     DEVICE_KIND_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     workload: str
     device_kind: str
     profile: ModelProfile
-    def __init__(self, job_id: _Optional[int] = ..., workload: _Optional[str] = ..., device_kind: _Optional[str] = ..., profile: _Optional[_Union[ModelProfile, _Mapping]] = ...) -> None: ...
+    utilization: float
+    def __init__(self, job_id: _Optional[int] = ..., workload: _Optional[str] = ..., device_kind: _Optional[str] = ..., profile: _Optional[_Union[ModelProfile, _Mapping]] = ..., utilization: _Optional[float] = ...) -> None: ...
 
 class ModelProfile(_message.Message):
     __slots__ = ("workload", "per_worker_batch", "stages", "steps_ratio")
@@ -337,7 +354,7 @@ class RankAssignment(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., gpu_index: _Optional[int] = ...) -> None: ...
 
 class LaunchCommand(_message.Message):
-    __slots__ = ("job_id", "spec", "ranks", "world_size", "master_addr", "master_port", "start_iteration", "lease_iterations", "spb", "config_version", "checkpoint_dir", "checkpoint_every", "attempt", "global_batch")
+    __slots__ = ("job_id", "spec", "ranks", "world_size", "master_addr", "master_port", "start_iteration", "lease_iterations", "spb", "config_version", "checkpoint_dir", "checkpoint_every", "attempt", "global_batch", "memory_bytes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -352,6 +369,7 @@ class LaunchCommand(_message.Message):
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     spec: JobSpec
     ranks: _containers.RepeatedCompositeFieldContainer[RankAssignment]
@@ -366,7 +384,8 @@ class LaunchCommand(_message.Message):
     checkpoint_every: int
     attempt: int
     global_batch: int
-    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., start_iteration: _Optional[int] = ..., lease_iterations: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ..., config_version: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., attempt: _Optional[int] = ..., global_batch: _Optional[int] = ...) -> None: ...
+    memory_bytes: int
+    def __init__(self, job_id: _Optional[int] = ..., spec: _Optional[_Union[JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., world_size: _Optional[int] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., start_iteration: _Optional[int] = ..., lease_iterations: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ..., config_version: _Optional[int] = ..., checkpoint_dir: _Optional[str] = ..., checkpoint_every: _Optional[int] = ..., attempt: _Optional[int] = ..., global_batch: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class StopCommand(_message.Message):
     __slots__ = ("job_id", "reason")

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from jigsaw.gradnoise import GradParams
 from jigsaw.spb import SPBProfile
 from worker_agent.runtime.boundary import BoundarySync
 from worker_agent.runtime.config import WorkerConfig
@@ -128,6 +129,11 @@ class Schedule(ABC):
             preconditioner.set_contributors(
                 layer_contributors(preconditioner.layers, list(stages), contributors)
             )
+
+    def gradient_noise(self) -> GradParams | None:
+        """The gradient noise the schedule measured (only elastic and adaptive-batch
+        jobs' schedule measures it)."""
+        return None
 
     def before_evaluation(self) -> None:
         """Every rank, at an evaluation boundary: rank 0's whole model is made current."""

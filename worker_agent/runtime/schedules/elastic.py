@@ -100,6 +100,9 @@ class ElasticDataParallel(DataParallel):
         self._before_last = now
         return now
 
+    def gradient_noise(self) -> GradParams | None:
+        return self.noise.params
+
     def _measure_noise(self, count: int) -> None:
         """One step's noise from every rank's micro-batches (`count` each), then the
         learning rate an adaptive batch takes from it."""
