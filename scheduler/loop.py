@@ -26,9 +26,12 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler import rounds
+from scheduler.core.quota import QuotaDecision, Quotas, schedule_within
+from scheduler.core.waits import UNPLACEABLE, explain
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import jobs as job_models
+from scheduler.models import queues as queue_models
 from scheduler.models.nodes import DRAINED_MESSAGE, on_drained_node
 from scheduler.models.rounds import prune_rounds, record_round
 from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node, utcnow
@@ -137,8 +140,11 @@ class SchedulerService:
         requeued += self._requeue_drained()
         with transaction(self._factory) as session:
             snapshot = build_snapshot(session, now)
-        self._explain_waits(snapshot, now)
-        plan = self._policy(snapshot)
+            quotas = queue_models.quotas(session)
+        plan, decision = schedule_within(self._policy, quotas, snapshot)
+        self._explain_waits(snapshot, plan, decision, quotas, now)
+        if self._telemetry is not None:
+            self._telemetry.observe_quotas(snapshot, plan, decision, quotas)
         suspended, stopped = self._end_runs(plan, now)
         reconfigured = self._reconfigure(plan.reconfigure, now)
         launched = self._start(plan, snapshot, now)
@@ -415,20 +421,23 @@ class SchedulerService:
 
     # -- 4. the plan ----------------------------------------------------------------
 
-    def _explain_waits(self, snapshot: ClusterSnapshot, now: datetime) -> None:
-        """Give every waiting job that no capacity of the cluster can hold its reason,
-        shown by the API, CLI and dashboard (a job asking for 8 GPUs of a 4-GPU cluster
-        would otherwise wait forever saying nothing); clear it once it could be placed."""
-        largest = sum(len(node.gpus) for node in snapshot.nodes if node.alive and node.schedulable)
-        reasons = {
-            job.id: job_models.unplaceable_reason(job.workers, largest)
-            for job in snapshot.jobs
-            if job.waiting
-        }
+    def _explain_waits(
+        self,
+        snapshot: ClusterSnapshot,
+        plan: Plan,
+        decision: QuotaDecision | None,
+        quotas: Quotas,
+        now: datetime,
+    ) -> None:
+        """Give every waiting job the plan does not start its reason (`scheduler.core.
+        waits`: no capacity can ever hold it, its queue has no room, too few GPUs free,
+        jobs ahead of it), shown by the API, CLI and dashboard; a transition clears it."""
+        waits = explain(snapshot, plan, decision, quotas, self._policy_name)
+        reasons = {job_id: wait.text for job_id, wait in waits.items()}
         with transaction(self._factory) as session:
             changed = job_models.set_pending_reasons(session, reasons, actor=ACTOR, now=now)
         for job_id in changed:
-            if reasons.get(job_id):
+            if job_id in waits and waits[job_id].kind == UNPLACEABLE:
                 self._decide(rounds.UNPLACEABLE, job_id, reason=reasons[job_id])
 
     def _end_runs(self, plan: Plan, now: datetime) -> tuple[int, int]:

@@ -152,6 +152,26 @@ class Agent(Base):
     last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Queue(Base):
+    """A queue jobs are submitted to: GPUs guaranteed, borrowing, fair-share weight, an
+    optional parent (one level) and who may submit (`users`: names; empty: everyone).
+    The quota layer (`scheduler/core/quota.py`) holds every policy to them."""
+
+    __tablename__ = "queues"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    # NULL: whatever the other queues' quotas leave of the cluster (the default queue's).
+    quota: Mapped[int | None] = mapped_column(Integer, default=None)
+    borrowing_limit: Mapped[int | None] = mapped_column(Integer, default=None)  # NULL: none
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("queues.id", ondelete="RESTRICT"), default=None
+    )
+    users: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (

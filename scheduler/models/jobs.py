@@ -134,20 +134,10 @@ def resume(session: Session, job: Job, actor: Principal) -> Job:
 _WAITING = (JobState.QUEUED.value, JobState.SUSPENDED.value)
 
 
-def unplaceable_reason(workers: int, largest_gang: int) -> str | None:
-    """Why a job of `workers` GPUs cannot be placed while the alive, schedulable nodes
-    hold `largest_gang` GPUs in all; None when it could be."""
-    if workers <= largest_gang:
-        return None
-    if largest_gang == 0:
-        return f"needs {workers} GPU(s); no alive, schedulable node has any"
-    return f"needs {workers} GPUs; the largest gang this cluster can form is {largest_gang}"
-
-
 def set_pending_reasons(
     session: Session, reasons: Mapping[int, str | None], *, actor: str, now: datetime
 ) -> list[int]:
-    """Store why each waiting job in `reasons` cannot be placed (None: it can be), with a
+    """Store why each waiting job in `reasons` did not start (None: it did), with a
     `pending` event where a reason appears or changes; the jobs whose reason changed.
 
     A job that stopped waiting meanwhile is left alone (its transition cleared it)."""

@@ -245,7 +245,11 @@ class Simulator:
             priority=record.trace.priority,
             workers=record.trace.workers,
             created_at=EPOCH + timedelta(seconds=record.submit),
-            spec={"workers": record.trace.workers, "max_iterations": record.trace.iterations},
+            spec={
+                "workers": record.trace.workers,
+                "max_iterations": record.trace.iterations,
+                "queue": record.trace.queue,
+            },
             allocated_gpu_ids=record.gpus,
             iterations_done=int(record.progress),
             spb=record.config,
