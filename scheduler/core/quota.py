@@ -22,7 +22,8 @@ round it
      that the GPUs it meant for the others go to jobs that may have them.
 
 With every job in one queue whose quota and borrowing cover the cluster, the snapshot
-and plan pass through untouched: a cluster without queues schedules as before.
+and plan pass through untouched (but for jobs the layer suspended earlier, shown as
+queued): a cluster without queues schedules as before.
 """
 
 from __future__ import annotations
@@ -209,7 +210,7 @@ def schedule_within(
     (None when it passed the round through)."""
     capacity = _capacity(snapshot)
     if quotas.trivial(snapshot, capacity):
-        return policy(snapshot), None
+        return policy(_preempted_as_queued(snapshot)), None
     decision = quotas.decide(snapshot)
     victims = set(decision.victims)
     hidden: set[int] = set()
@@ -246,8 +247,7 @@ def _inner_view(
     snapshot: ClusterSnapshot, quotas: Quotas, decision: QuotaDecision, excluded: set[int]
 ) -> ClusterSnapshot:
     """The cluster as the inner policy may use it: the victims' GPUs free, the jobs of
-    queues with no room left out, and jobs the layer suspended shown as queued (a
-    policy that never preempts places only queued jobs)."""
+    queues with no room left out, and jobs suspended to wait shown as queued."""
     room = {
         name: usage.allowance - decision.planned.get(name, 0)
         for name, usage in decision.usage.items()
@@ -259,8 +259,7 @@ def _inner_view(
         if job.waiting:
             if job.workers > room.get(quotas.leaf(queue_of(job)), 0):
                 continue
-            if job.state is JobState.SUSPENDED:
-                job = replace(job, state=JobState.QUEUED)
+            job = _as_queued(job)
         jobs.append(job)
     if not decision.victims:
         return replace(snapshot, jobs=tuple(jobs))
@@ -276,6 +275,21 @@ def _inner_view(
         for node in snapshot.nodes
     )
     return replace(snapshot, nodes=nodes, jobs=tuple(jobs))
+
+
+def _as_queued(job: JobView) -> JobView:
+    """A job suspended to give GPUs back waits like a queued one (a policy that never
+    preempts, such as FIFO, places only queued jobs)."""
+    return replace(job, state=JobState.QUEUED) if job.state is JobState.SUSPENDED else job
+
+
+def _preempted_as_queued(snapshot: ClusterSnapshot) -> ClusterSnapshot:
+    """The snapshot itself unless the layer suspended some job that still waits."""
+    if not any(job.waiting and job.state is JobState.SUSPENDED for job in snapshot.jobs):
+        return snapshot
+    return replace(
+        snapshot, jobs=tuple(_as_queued(job) if job.waiting else job for job in snapshot.jobs)
+    )
 
 
 def _fit(

@@ -91,10 +91,12 @@ def _queue_full(job: JobView, decision: QuotaDecision | None, quotas: Quotas) ->
         limit = usage.cap - usage.guarantee
         borrowing = f" and borrowing limit of {int(limit)}" if limit > 0 else ""
         return f"queue {name} is at its quota of {usage.guarantee} GPUs{borrowing}"
+    if planned >= usage.guarantee and usage.allowance <= usage.guarantee:
+        return f"queue {name} is at its quota of {usage.guarantee} GPUs; no idle GPU to borrow"
     if planned >= usage.guarantee:
         return (
-            f"queue {name} holds {planned} GPUs, its fair share while other queues wait "
-            f"(quota {usage.guarantee})"
+            f"queue {name} holds {planned} GPUs: its quota of {usage.guarantee} and its fair "
+            "share of the idle ones"
         )
     return (
         f"queue {name} may use {usage.allowance} GPUs now; other queues' guarantees hold the rest"
