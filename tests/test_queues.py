@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,6 +23,7 @@ from scheduler.orm import GPU, Agent, Allocation, Job, Node
 from scheduler.settings import SchedulerSettings
 from scheduler.snapshot import PREEMPTED_MESSAGE
 from scheduler.states import JobState
+from scheduler.telemetry import SchedulerTelemetry
 from tests.conftest import LiveApi
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -65,17 +67,25 @@ def held(factory: sessionmaker[Session], queue: str) -> int:
         )
 
 
-def test_a_queue_gets_its_guarantee_back_within_one_lease(engine: Engine) -> None:
-    factory = session_factory(engine)
+def test_a_queue_gets_its_guarantee_back_within_one_lease(live_api: LiveApi) -> None:
+    factory = session_factory(live_api.engine)
     add_node(factory, "n1", 4)
     with transaction(factory) as session:
         for name in ("team-a", "team-b"):
             queues.create_queue(session, name, {"quota": 2, "borrowing_limit": 2})
-    loop = SchedulerService(factory, SimulatedDispatcher(iterations_per_second=1), SETTINGS)
+    registry = CollectorRegistry()
+    loop = SchedulerService(
+        factory,
+        SimulatedDispatcher(iterations_per_second=1),
+        SETTINGS,
+        telemetry=SchedulerTelemetry(registry),
+    )
 
     a = [add_job(factory, "team-a", 200) for _ in range(4)]
     loop.run_round(T0)
     assert held(factory, "team-a") == 4  # team-b is idle: team-a borrows its two GPUs
+    scrape = httpx.get(f"{live_api.base_url}/metrics").text
+    assert 'jigsaw_queue_borrowed_gpus{queue="team-a"} 2.0' in scrape.splitlines()
 
     b = [add_job(factory, "team-b", 30) for _ in range(2)]
     result = loop.run_round(T0 + timedelta(seconds=10))  # one round: one lease boundary
@@ -87,6 +97,23 @@ def test_a_queue_gets_its_guarantee_back_within_one_lease(engine: Engine) -> Non
     assert all(job.message == PREEMPTED_MESSAGE for job in victims)
     stopped_at = {job.id: job.iterations_done for job in victims}
     assert all(done == 10 for done in stopped_at.values())
+    # Counted in Kueue's vocabulary: the reclaim, and the queues' use at scrape time.
+    preempted = {"queue": "team-a", "reason": "reclaim"}
+    assert registry.get_sample_value("jigsaw_preempted_jobs_total", preempted) == 2
+    waited = registry.get_sample_value(
+        "jigsaw_admission_wait_time_seconds_count", {"queue": "team-b"}
+    )
+    assert waited == 2
+    scrape = httpx.get(f"{live_api.base_url}/metrics").text
+    for line in (
+        'jigsaw_queue_gpus_in_use{queue="team-a"} 2.0',
+        'jigsaw_queue_gpus_in_use{queue="team-b"} 2.0',
+        'jigsaw_queue_gpu_quota{queue="team-a"} 2.0',
+        'jigsaw_queue_borrowed_gpus{queue="team-a"} 0.0',
+        'jigsaw_queue_pending_jobs{queue="team-a"} 2.0',
+        'jigsaw_queue_admitted_jobs{queue="team-b"} 2.0',
+    ):
+        assert line in scrape.splitlines(), line
 
     now = T0 + timedelta(seconds=10)
     while any(job.state != JobState.SUCCEEDED for job in jobs(factory, a + b)):

@@ -67,7 +67,6 @@ class Usage:
     cap: float  # guarantee plus borrowing limit (inf: no limit)
     allowance: int  # GPUs it may hold after this round
     held: int  # GPUs its jobs hold when the round starts
-    demand: int  # GPUs its jobs hold or wait for (jobs the cluster could ever hold)
 
 
 @dataclass(frozen=True)
@@ -78,10 +77,6 @@ class QuotaDecision:
     usage: Mapping[str, Usage]
     victims: tuple[int, ...]
     planned: Mapping[str, int]  # GPUs each queue holds once the plan is applied
-
-    def borrowed(self, name: str) -> int:
-        usage = self.usage[name]
-        return max(self.planned.get(name, 0) - usage.guarantee, 0)
 
 
 class Quotas:
@@ -172,12 +167,7 @@ class Quotas:
                     usage.setdefault(
                         claim.name,
                         Usage(
-                            claim.name,
-                            claim.guarantee,
-                            claim.cap,
-                            share,
-                            held.get(claim.name, 0),
-                            wanted.get(claim.name, 0),
+                            claim.name, claim.guarantee, claim.cap, share, held.get(claim.name, 0)
                         ),
                     )
 
@@ -186,19 +176,12 @@ class Quotas:
 
 
 def with_quotas(
-    policy: Callable[[ClusterSnapshot], Plan],
-    quotas: Quotas | Callable[[], Quotas],
-    on_decision: Callable[[QuotaDecision], None] | None = None,
+    policy: Callable[[ClusterSnapshot], Plan], quotas: Quotas
 ) -> Callable[[ClusterSnapshot], Plan]:
-    """The policy inside the quota layer. `quotas` may be a callable read every round
-    (the live loop's queues can change while it runs)."""
+    """The policy inside the quota layer, as a policy (the simulator's)."""
 
     def schedule(snapshot: ClusterSnapshot) -> Plan:
-        current = quotas() if callable(quotas) else quotas
-        plan, decision = schedule_within(policy, current, snapshot)
-        if on_decision is not None and decision is not None:
-            on_decision(decision)
-        return plan
+        return schedule_within(policy, quotas, snapshot)[0]
 
     return schedule
 
