@@ -34,8 +34,8 @@ _ERROR_MEANINGS = {
     400: "The body could not be parsed.",
     401: "No bearer token, or an invalid or revoked one.",
     403: "The token may not do this (an agent token, or a non-admin).",
-    404: "No such job or profile, or not the caller's.",
-    409: "The job's state does not allow this action; nothing changed.",
+    404: "No such job, profile, node or queue, or not the caller's.",
+    409: "The job's state (or the queues as they are) does not allow this; nothing changed.",
     413: "The body is larger than settings.api.max_body_bytes; it was not read.",
     422: "Invalid input: `details` names each field (a NUL character, a NaN, a duplicate "
     "key, a value of the wrong type...).",

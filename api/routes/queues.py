@@ -49,7 +49,7 @@ def get_queue(name: QueueName, user: User, factory: Factory) -> QueueOut:
         raise ApiProblem(404, f"queue {name} not found") from None
 
 
-@router.post("", status_code=201, responses=error_responses(409))
+@router.post("", status_code=201, responses=error_responses(400, 409))
 def create_queue(body: QueueIn, admin: Admin, factory: Factory) -> QueueOut:
     """Create a queue (409 if the name is taken)."""
     fields = body.model_dump(exclude={"name"})
@@ -62,7 +62,7 @@ def create_queue(body: QueueIn, admin: Admin, factory: Factory) -> QueueOut:
         raise _invalid(exc) from None
 
 
-@router.patch("/{name}", responses=error_responses(404))
+@router.patch("/{name}", responses=error_responses(400, 404))
 def update_queue(name: QueueName, body: QueuePatch, admin: Admin, factory: Factory) -> QueueOut:
     """Change the fields sent; the next scheduling round holds the jobs to them (jobs
     over a lowered quota give their GPUs back when other queues need them)."""
