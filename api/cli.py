@@ -550,6 +550,11 @@ def show_job(
         ("owner", escape(str(job.get("owner")))),
         ("state", _state(str(job.get("state")))),
         *([("waiting", f"[yellow]{escape(reason)}[/]")] if (reason := _reason(job)) else []),
+        *(
+            [("estimated start", _when(job.get("estimated_start_at")))]
+            if job.get("estimated_start_at")
+            else []
+        ),
         ("message", escape(str(job.get("message") or "-"))),
         ("workload", escape(str(spec.get("workload", "-")))),
         ("workers", str(job.get("workers"))),

@@ -78,6 +78,11 @@ class JobOut(BaseModel):
         description="Where this waiting job stands in the order queues are served "
         "(priority, then submission); null while it is not waiting.",
     )
+    estimated_start_at: datetime | None = Field(
+        default=None,
+        description="When this waiting job is expected to start, where the policy can tell "
+        "(FIFO, every job ahead with a measured speed); null otherwise.",
+    )
     attempts: int
     failures: int = Field(description="Crashes of its training processes so far.")
     iterations_done: int
@@ -103,6 +108,7 @@ class JobOut(BaseModel):
             position=None
             if position is None
             else QueuePosition(queue=position[0], overall=position[1]),
+            estimated_start_at=job.estimated_start_at if position is not None else None,
             attempts=job.attempts,
             failures=job.failures,
             iterations_done=job.iterations_done,

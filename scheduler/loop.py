@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler import rounds
 from scheduler.core.quota import QuotaDecision, Quotas, schedule_within
-from scheduler.core.waits import UNPLACEABLE, explain
+from scheduler.core.waits import UNPLACEABLE, estimated_starts, explain
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import jobs as job_models
@@ -434,8 +434,10 @@ class SchedulerService:
         jobs ahead of it), shown by the API, CLI and dashboard; a transition clears it."""
         waits = explain(snapshot, plan, decision, quotas, self._policy_name)
         reasons = {job_id: wait.text for job_id, wait in waits.items()}
+        starts = estimated_starts(snapshot, plan, decision, self._policy_name)
         with transaction(self._factory) as session:
             changed = job_models.set_pending_reasons(session, reasons, actor=ACTOR, now=now)
+            job_models.set_estimated_starts(session, starts)
         for job_id in changed:
             if job_id in waits and waits[job_id].kind == UNPLACEABLE:
                 self._decide(rounds.UNPLACEABLE, job_id, reason=reasons[job_id])

@@ -191,6 +191,9 @@ class Job(Base):
     # Why a waiting job cannot be placed (no capacity of the cluster can hold it), set by
     # the scheduler loop each round; NULL otherwise. Every transition clears it.
     pending_reason: Mapped[str | None] = mapped_column(String(255), default=None)
+    # When the scheduler expects this waiting job to start (`scheduler.core.waits`),
+    # where its policy can tell; read only while the job waits.
+    estimated_start_at: Mapped[datetime | None] = mapped_column(default=None)
     # Placements so far, each the fence (`attempt`) of the run it starts.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # Crashes of its training processes so far; retried while below spec.max_retries.

@@ -19,7 +19,7 @@ from scheduler.loop import SchedulerService
 from scheduler.models import queues
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
-from scheduler.orm import GPU, Agent, Allocation, Job, Node
+from scheduler.orm import GPU, Agent, Allocation, IterationMetric, Job, Node
 from scheduler.settings import SchedulerSettings
 from scheduler.snapshot import PREEMPTED_MESSAGE
 from scheduler.states import JobState
@@ -263,3 +263,26 @@ def test_behind_a_blocked_head_the_reason_counts_the_jobs_ahead(engine: Engine) 
             head: (1, 1),
             behind: (2, 2),
         }
+
+
+def test_fifo_stores_when_a_waiting_job_should_start(live_api: LiveApi) -> None:
+    factory = session_factory(live_api.engine)
+    add_node(factory, "n1", 2)
+    loop = SchedulerService(factory, SimulatedDispatcher(iterations_per_second=1), SETTINGS)
+    with live_api.client(live_api.alice) as alice:
+        running = _submit(alice, workers=2, max_iterations=100).json()["id"]
+        loop.run_round(T0)
+        # Its measured speed: half a second per iteration.
+        with transaction(factory) as session:
+            session.add_all(
+                IterationMetric(job_id=running, iteration=i, step_seconds=0.5, reported_at=T0)
+                for i in range(1, 11)
+            )
+        waiting = _submit(alice, workers=1).json()["id"]
+        loop.run_round(T0 + timedelta(seconds=10))  # 10 iterations done, 90 to go
+        shown = alice.get(f"/v1/jobs/{waiting}").json()
+        expected = T0 + timedelta(seconds=10 + 90 * 0.5)
+        assert datetime.fromisoformat(shown["estimated_start_at"]) == expected
+        while alice.get(f"/v1/jobs/{waiting}").json()["state"] == "QUEUED":
+            loop.run_round(T0 + timedelta(seconds=100))
+        assert alice.get(f"/v1/jobs/{waiting}").json()["estimated_start_at"] is None

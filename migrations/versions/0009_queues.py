@@ -4,6 +4,7 @@ Jobs named a free-text queue that nothing defined. A queue is now a row: its quo
 (GPUs guaranteed; NULL: what the other queues' quotas leave of the cluster), borrowing
 limit (NULL: none), weight, optional parent and the users who may submit to it (empty:
 everyone). `default` is created here, so every existing job's queue exists.
+`jobs.estimated_start_at`: when a waiting job would start, where the policy can tell.
 
 Revision ID: queues_quotas
 Revises: 0008
@@ -24,6 +25,10 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.add_column(
+            sa.Column("estimated_start_at", sa.DateTime(timezone=True), nullable=True)
+        )
     queues = op.create_table(
         "queues",
         sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
@@ -58,3 +63,5 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("queues")
+    with op.batch_alter_table("jobs", schema=None) as batch_op:
+        batch_op.drop_column("estimated_start_at")

@@ -8,11 +8,14 @@ of it in the order (priority, then submission) wait too; the policy chose others
 
 from __future__ import annotations
 
+import heapq
 import math
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from scheduler.core.quota import QuotaDecision, Quotas, queue_of
 from scheduler.plan import Plan
+from scheduler.policies.srtf import remaining_seconds
 from scheduler.snapshot import ClusterSnapshot, JobView
 
 UNPLACEABLE = "unplaceable"  # no capacity of the cluster can ever hold it
@@ -112,3 +115,43 @@ def _no_room(job: JobView, free: int, per_node: int) -> str | None:
 
 def _order(job: JobView) -> tuple[int, float, int]:
     return (-job.priority, job.created_at.timestamp(), job.id)
+
+
+def estimated_starts(
+    snapshot: ClusterSnapshot, plan: Plan, decision: QuotaDecision | None, policy: str
+) -> dict[int, datetime]:
+    """When each waiting job would start, where the policy can tell: FIFO (which starts
+    jobs in its order and never preempts) with no queue holding jobs back, every job
+    holding GPUs after the plan and every job ahead with a speed model. Jobs ahead are
+    assumed to run to their end at their measured speed, none to arrive ahead, and any
+    free GPUs to form a gang (node topology is ignored)."""
+    if policy != "fifo" or decision is not None:
+        return {}
+    jobs = {job.id: job for job in snapshot.jobs}
+    ended = {*plan.suspend, *plan.stop}
+    started = {placement.job_id for placement in plan.start}
+    holding = [
+        job for job in snapshot.jobs if (job.holding and job.id not in ended) or job.id in started
+    ]
+    if any(job.model is None for job in holding):
+        return {}
+    capacity = sum(len(n.gpus) for n in snapshot.nodes if n.alive and n.schedulable)
+    free = capacity - sum(job.workers for job in holding)
+    ends = [(remaining_seconds(job), job.workers) for job in holding]
+    heapq.heapify(ends)
+    clock = 0.0
+    starts: dict[int, datetime] = {}
+    for job in sorted(jobs.values(), key=_order):
+        if not job.waiting or job.id in started or job.workers > capacity:
+            continue
+        while free < job.workers and ends:
+            clock, workers = heapq.heappop(ends)
+            free += workers
+        if free < job.workers:
+            break
+        starts[job.id] = snapshot.now + timedelta(seconds=clock)
+        if job.model is None:
+            break  # its end, and so the starts behind it, cannot be told
+        free -= job.workers
+        heapq.heappush(ends, (clock + remaining_seconds(job), job.workers))
+    return starts

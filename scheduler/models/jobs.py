@@ -169,6 +169,27 @@ def set_pending_reasons(
     return sorted(changed)
 
 
+def set_estimated_starts(session: Session, starts: Mapping[int, datetime]) -> None:
+    """Store when each waiting job is expected to start; clear it for the other
+    waiting jobs that had one."""
+    stored = dict(
+        session.execute(
+            select(Job.id, Job.estimated_start_at).where(
+                Job.state.in_(_WAITING), Job.estimated_start_at.is_not(None)
+            )
+        ).all()
+    )
+    for job_id in set(starts) | set(stored):
+        when = starts.get(job_id)
+        if when != stored.get(job_id):
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state.in_(_WAITING))
+                .values(estimated_start_at=when)
+                .execution_options(synchronize_session=False)
+            )
+
+
 def gpus_registered(session: Session) -> int:
     """Every GPU the cluster has registered, on nodes alive or not: the most GPUs any
     job could ever be given."""

@@ -101,6 +101,7 @@ export function jobView(jobId) {
         h("dl", { class: "facts panel" },
           job.pending_reason ? [h("dt", {}, "Waiting"), h("dd", { class: "pending-reason" }, job.pending_reason)] : [],
           job.position ? [h("dt", {}, "Position"), h("dd", { class: "position" }, positionText(job))] : [],
+          job.estimated_start_at ? [h("dt", {}, "Expected start"), h("dd", {}, timestamp(job.estimated_start_at))] : [],
           h("dt", {}, "Queue"), h("dd", {}, h("a", { href: "#/queues" }, job.queue)),
           h("dt", {}, "Owner"), h("dd", {}, job.owner),
           h("dt", {}, "Workload"), h("dd", {}, h("code", {}, job.spec.workload)),
