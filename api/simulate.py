@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,8 +25,10 @@ from rich.table import Table
 
 from api.specfile import SpecFileError, read_spec_file
 from scheduler.core.quota import with_quotas
+from scheduler.jobmodel import INTERFERENCE
 from scheduler.makespan import makespan_lower_bound
-from scheduler.policies import POLICIES, Policy, get_policy, jigsaw
+from scheduler.policies import POLICIES, get_policy, policy_params
+from scheduler.policies.jigsaw.params import CONFIGS
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles
@@ -104,8 +105,8 @@ def simulate(
         float, typer.Option(min=0.0, help="Cost of every (re)start of a job.")
     ] = 30.0,
     interference: Annotated[
-        float, typer.Option(min=0.0, help="Slowdown of jobs sharing a GPU (0.15 = 15%).")
-    ] = 0.15,
+        float, typer.Option(min=0.0, help="Slowdown of jobs sharing a GPU (0.2 = 20%).")
+    ] = INTERFERENCE,
     strict: Annotated[
         bool, typer.Option("--strict", help="Refuse a workload with any malformed row.")
     ] = False,
@@ -185,7 +186,7 @@ def simulate(
         for load in workloads:
             for name in names:
                 task = progress.add_task(f"{load.name} / {name}", total=len(load.jobs))
-                chosen = simulation_policy(name, interference)
+                chosen = get_policy(name, policy_params(name, interference=interference))
                 simulator = Simulator(
                     load.jobs,
                     shape,
@@ -207,7 +208,7 @@ def simulate(
                 if options.zero_arrivals:
                     # Submitted together, a workload has a makespan no schedule beats.
                     if load.name not in bounds:
-                        configs = (None, *jigsaw.CONFIGS)
+                        configs = (None, *CONFIGS)
                         bounds[load.name] = makespan_lower_bound(
                             simulator.models, shape.gpus, configs
                         )
@@ -228,13 +229,6 @@ def simulate(
 
         for path in write_plots(results, plots):
             err.print(f"wrote {path}")
-
-
-def simulation_policy(name: str, interference: float) -> Policy:
-    """The named policy; JigSaw predicts co-location with the interference simulated."""
-    if name == "jigsaw":
-        return partial(jigsaw.schedule, interference=interference)
-    return get_policy(name)
 
 
 def _advance(progress: Progress, task: TaskID) -> Callable[[int, int], None]:

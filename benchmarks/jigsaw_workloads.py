@@ -35,6 +35,7 @@ from benchmarks.harness import add_output_options, emit
 from jigsaw.spb import SPBProfile
 from scheduler.makespan import makespan_lower_bound
 from scheduler.policies import Policy, jigsaw, tiresias
+from scheduler.policies.jigsaw import JigsawParams
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles
@@ -44,13 +45,19 @@ WORKLOADS = Path(__file__).resolve().parents[2] / "shared/traces/pollux/workload
 CLUSTER = ClusterShape.parse("16x4")
 VARIANTS: dict[str, Policy] = {
     "jigsaw": jigsaw.schedule,
-    "jigsaw, no shrinking": partial(jigsaw.schedule, efficiency_floors=()),
-    "jigsaw, no growing": partial(jigsaw.schedule, grow=False),
-    "jigsaw, long jobs grow freely": partial(jigsaw.schedule, grow_floor=0.0),
-    "jigsaw, makespan setters not ahead": partial(jigsaw.schedule, straggler_drain=0.0),
-    "jigsaw, tail jobs grow in order": partial(jigsaw.schedule, tail_share=0.0),
-    "jigsaw, no pacing": partial(jigsaw.schedule, pace_after_seconds=math.inf),
-    "jigsaw, no SPB/packing": partial(jigsaw.schedule, max_guests=0, spb_enabled=False),
+    "jigsaw, no shrinking": partial(jigsaw.schedule, params=JigsawParams(efficiency_floors=())),
+    "jigsaw, no growing": partial(jigsaw.schedule, params=JigsawParams(grow=False)),
+    "jigsaw, long jobs grow freely": partial(jigsaw.schedule, params=JigsawParams(grow_floor=0.0)),
+    "jigsaw, makespan setters not ahead": partial(
+        jigsaw.schedule, params=JigsawParams(straggler_drain=0.0)
+    ),
+    "jigsaw, tail jobs grow in order": partial(
+        jigsaw.schedule, params=JigsawParams(tail_share=0.0)
+    ),
+    "jigsaw, no pacing": partial(jigsaw.schedule, params=JigsawParams(pace_after_seconds=math.inf)),
+    "jigsaw, no SPB/packing": partial(
+        jigsaw.schedule, params=JigsawParams(max_guests=0, spb_enabled=False)
+    ),
 }
 
 FORMATS = {

@@ -39,7 +39,7 @@ class Shape:
         return 1.0 / (self.step_seconds * self.steps_ratio)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class JobModel:
     """A job's speed by how many GPUs it gets and how many nodes they span.
 
@@ -51,6 +51,9 @@ class JobModel:
     backprop, `activation_fraction` of it saved activations (what a partial worker
     holds less of). `spb_profile`: the per-stage costs that price SPB configurations
     (None: SPB not available for this job).
+
+    Compared and hashed by identity: it never changes, so what a policy derives from
+    it alone is cached per model (`functools.lru_cache`), and its tables are dicts.
     """
 
     iterations_total: int
@@ -62,16 +65,10 @@ class JobModel:
     _shapes: dict[tuple[int, int, tuple[float, float, int] | None], Shape] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
-    # What a policy derives from the model alone (its best configuration by placement,
-    # its efficient size), kept with it so a round does not derive it again.
-    memo: dict[object, object] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
-    @property
+    @cached_property
     def sizes(self) -> tuple[int, ...]:
-        sizes = self.memo.get("sizes")
-        if sizes is None:
-            sizes = self.memo["sizes"] = tuple(sorted(self.steps))
-        return sizes  # type: ignore[return-value]
+        return tuple(sorted(self.steps))
 
     def step_at(self, workers: int, nodes: int) -> tuple[float, float]:
         by_nodes = self.steps[workers]
@@ -139,6 +136,11 @@ def _config_fields(config: SPBConfig | None) -> tuple[float, float, int] | None:
     if config is None:
         return None
     return (config.full_fraction, config.partial_depth, config.rotation_period)
+
+
+# What sharing a GPU costs every job there, past time-slicing (a fraction of its compute): the
+# default of the simulator and of the policies that predict co-location.
+INTERFERENCE = 0.15
 
 
 def colocation_factors(

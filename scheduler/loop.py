@@ -75,7 +75,7 @@ class SchedulerService:
         self._dispatcher = dispatcher
         self._settings = settings
         self._policy_name = policy_name or settings.policy
-        self._policy = get_policy(self._policy_name)
+        self._policy = get_policy(self._policy_name, settings.policy_params(self._policy_name))
         self._telemetry = telemetry
         self._leader_name = leader_name
         self._conflicts = 0

@@ -11,10 +11,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jigsaw.home import HomeSettings
+from scheduler.policies.jigsaw.params import JigsawParams
 
 
 class DatabaseSettings(BaseSettings):
@@ -84,6 +85,15 @@ class APISettings(BaseSettings):
     )
 
 
+class JigsawSettings(BaseSettings, JigsawParams):
+    """The JigSaw policy's tuning (`JIGSAW_SCHEDULER_JIGSAW_STICKINESS=0.8`; tuples and
+    SPB configurations as JSON); every field is documented in `JigsawParams`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="JIGSAW_SCHEDULER_JIGSAW_", extra="ignore", frozen=True
+    )
+
+
 class SchedulerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JIGSAW_SCHEDULER_", extra="ignore")
 
@@ -122,6 +132,13 @@ class SchedulerSettings(BaseSettings):
         description="How often a replica that is not the scheduler leader tries to take "
         "the leader lock, so it takes over soon after the leader dies.",
     )
+    jigsaw: JigsawSettings = Field(
+        default_factory=JigsawSettings, description="The JigSaw policy's tuning."
+    )
+
+    def policy_params(self, name: str) -> BaseModel | None:
+        """The tuning of policy `name` from its settings section (None: it has none)."""
+        return {"jigsaw": self.jigsaw}.get(name)
 
 
 class GrpcSettings(BaseSettings):

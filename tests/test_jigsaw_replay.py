@@ -17,18 +17,18 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.simulate import simulation_policy
 from jigsaw.jobspec import SPBConfig
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import SimulatedDispatcher
+from scheduler.jobmodel import INTERFERENCE
 from scheduler.loop import SchedulerService
 from scheduler.models.metrics import record
 from scheduler.models.profiles import save_profile
 from scheduler.orm import Allocation, Job
 from scheduler.plan import Plan
-from scheduler.policies import POLICIES, jigsaw
+from scheduler.policies import POLICIES, get_policy, jigsaw, policy_params
+from scheduler.policies.jigsaw import JigsawParams
 from scheduler.settings import SchedulerSettings
-from scheduler.sim.engine import DEFAULT_INTERFERENCE
 from scheduler.snapshot import ClusterSnapshot
 from scheduler.states import JobState
 from tests.test_scheduler_loop import T0, add_nodes
@@ -90,11 +90,11 @@ def test_replayed_snapshots_give_the_plans_of_the_real_loop(
 
     recorded: list[tuple[bytes, Plan]] = []
 
-    def recording(snapshot: ClusterSnapshot) -> Plan:
+    def recording(snapshot: ClusterSnapshot, params: JigsawParams) -> Plan:
         # Pickled before the policy runs: the replay starts from the data alone, with
         # none of what the policy memoises on the models.
         frozen = pickle.dumps(snapshot)
-        plan = jigsaw.schedule(snapshot)
+        plan = jigsaw.schedule(snapshot, params)
         recorded.append((frozen, plan))
         return plan
 
@@ -111,7 +111,8 @@ def test_replayed_snapshots_give_the_plans_of_the_real_loop(
         states = set(session.scalars(select(Job.state)))
     assert states == {JobState.SUCCEEDED.value}
 
-    replay = simulation_policy("jigsaw", DEFAULT_INTERFERENCE)
+    monkeypatch.undo()  # the replay asks for the policy as the simulator does
+    replay = get_policy("jigsaw", policy_params("jigsaw", interference=INTERFERENCE))
     snapshots = [pickle.loads(frozen) for frozen, _ in recorded]
     assert [replay(snapshot) for snapshot in snapshots] == [plan for _, plan in recorded]
 

@@ -21,6 +21,7 @@ from scheduler.makespan import (
     shortest_makespan,
 )
 from scheduler.policies import Policy, fifo, jigsaw, srtf, tiresias
+from scheduler.policies.jigsaw import JigsawParams
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.trace import load_workload
@@ -121,7 +122,7 @@ def test_no_policy_finishes_a_pollux_workload_before_the_bound() -> None:
         "fifo": fifo.schedule,
         "srtf": srtf.schedule,
         "tiresias": tiresias.schedule,
-        "jigsaw without packing": partial(jigsaw.schedule, max_guests=0),
+        "jigsaw without packing": partial(jigsaw.schedule, params=JigsawParams(max_guests=0)),
     }
     makespans = {}
     for name, policy in policies.items():
@@ -163,7 +164,7 @@ def test_pacing_shortens_a_batch_and_leaves_a_trace_with_arrivals_alone() -> Non
     without it (pacing equalises finishes only while short jobs wait)."""
     workload = load_workload(WORKLOAD_6)
     cluster = ClusterShape.parse("16x4")
-    unpaced = partial(jigsaw.schedule, pace_after_seconds=float("inf"))
+    unpaced = partial(jigsaw.schedule, params=JigsawParams(pace_after_seconds=float("inf")))
     finishes = {}
     for zero in (True, False):
         for name, policy in (("paced", jigsaw.schedule), ("unpaced", unpaced)):

@@ -10,7 +10,8 @@ import pytest
 
 from scheduler.plan import Placement
 from scheduler.policies import POLICIES, get_policy
-from scheduler.policies.fifo import FreePool, schedule
+from scheduler.policies.fifo import schedule
+from scheduler.policies.placement import FreePool
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
 from scheduler.states import JobState
 

@@ -5,11 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import pytest
+from pydantic import ValidationError
+
 from jigsaw.jobspec import SPBConfig
 from jigsaw.spb import SPBProfile, StageProfile, as_json, config_key
-from scheduler.jobmodel import JobModel, colocation_factors, stretched_step
+from scheduler.jobmodel import INTERFERENCE, JobModel, colocation_factors, stretched_step
 from scheduler.plan import Placement, Plan, Reconfigure
-from scheduler.policies import get_policy, jigsaw
+from scheduler.policies import get_policy, jigsaw, policy_params
+from scheduler.policies.jigsaw import JigsawParams
+from scheduler.settings import SchedulerSettings
 from scheduler.snapshot import ClusterSnapshot, JobView, NodeView
 from scheduler.states import JobState
 from tests.test_policy_baselines import nodes as baseline_nodes
@@ -128,7 +133,7 @@ def test_a_waiting_job_is_packed_on_partial_workers_without_slowing_the_host() -
     shape = host_model.shape(QUARTER, 2)
     guest_shape = guest_model.shape(None, 1)
     factors = colocation_factors(
-        {101: [(1, shape.demands[1]), (2, guest_shape.demands[0])]}, jigsaw.INTERFERENCE
+        {101: [(1, shape.demands[1]), (2, guest_shape.demands[0])]}, INTERFERENCE
     )
     assert stretched_step(shape, [1.0, factors[101]]) == shape.step_seconds
 
@@ -166,7 +171,7 @@ def test_shorter_jobs_first_but_a_starving_job_goes_ahead() -> None:
     short = job(1, 1, model(1, 10))
     long_fresh = job(2, 1, model(1, 10_000))
     assert [p.job_id for p in jigsaw.schedule(snap(cluster, short, long_fresh)).start] == [1]
-    starving = job(2, 1, model(1, 10_000), arrived=jigsaw.STARVATION_SECONDS + 1)
+    starving = job(2, 1, model(1, 10_000), arrived=JigsawParams().starvation_seconds + 1)
     assert [p.job_id for p in jigsaw.schedule(snap(cluster, short, starving)).start] == [2]
 
 
@@ -192,7 +197,7 @@ def test_a_long_job_is_sized_for_efficiency_when_the_cluster_is_crowded() -> Non
     plan = jigsaw.schedule(snap(cluster, short, long, small))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 2, 3: 2}
     # Without the long-job floor it asks for 4 like the short one and waits.
-    plan = jigsaw.schedule(snap(cluster, short, long, small), long_job_floor=0.0)
+    plan = jigsaw.schedule(snap(cluster, short, long, small), JigsawParams(long_job_floor=0.0))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 3: 2}
 
 
@@ -214,7 +219,7 @@ def test_a_job_that_would_set_the_makespan_starts_ahead_of_longer_queues() -> No
     cluster = nodes(1, 2)
     plan = jigsaw.schedule(snap(cluster, long, *shorts))
     assert sorted(p.job_id for p in plan.start) == [1, 2]
-    plan = jigsaw.schedule(snap(cluster, long, *shorts), straggler_drain=0.0)
+    plan = jigsaw.schedule(snap(cluster, long, *shorts), JigsawParams(straggler_drain=0.0))
     assert sorted(p.job_id for p in plan.start) == [2, 3]
     # With more short work queued the cluster needs longer than the job: no hurry.
     more = [*shorts, job(5, 1, model(1, 1200))]
@@ -247,7 +252,7 @@ def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() ->
     for unknown_or_recent in (batch, replace(quiet, last_submitted_at=NOW - timedelta(minutes=59))):
         plan = jigsaw.schedule(unknown_or_recent)
         assert {p.job_id: len(p.gpu_ids) for p in plan.start} == shortest_first
-    plan = jigsaw.schedule(quiet, pace_after_seconds=float("inf"))
+    plan = jigsaw.schedule(quiet, JigsawParams(pace_after_seconds=float("inf")))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == shortest_first
 
 
@@ -297,7 +302,7 @@ def test_a_long_job_grows_only_as_far_as_it_uses_gpus_well_before_others_grow() 
     plan = jigsaw.schedule(snap(nodes(1, 12), long, short))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 8}
     # Without the floor the long job takes every idle GPU.
-    plan = jigsaw.schedule(snap(nodes(1, 12), long, short), grow_floor=0.0)
+    plan = jigsaw.schedule(snap(nodes(1, 12), long, short), JigsawParams(grow_floor=0.0))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 8, 2: 4}
     # Alone, it still grows as far as finishing sooner goes.
     plan = jigsaw.schedule(snap(nodes(1, 12), long))
@@ -314,7 +319,7 @@ def test_jobs_that_will_run_until_the_cluster_drains_grow_longest_first() -> Non
     longer = job(2, 2, model(2, 30_000, sizes={4: 0.5}))
     plan = jigsaw.schedule(snap(nodes(1, 6), shorter, longer))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2, 2: 4}
-    plan = jigsaw.schedule(snap(nodes(1, 6), shorter, longer), tail_share=0.0)
+    plan = jigsaw.schedule(snap(nodes(1, 6), shorter, longer), JigsawParams(tail_share=0.0))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 2}
 
 
@@ -380,3 +385,43 @@ def test_a_spec_that_fixes_spb_or_turns_it_off_is_never_changed() -> None:
     assert jigsaw.schedule(snap(nodes(1, 2), auto)).reconfigure == (Reconfigure(1, as_json(HALF)),)
     chosen = replace(fixed, spec={"workers": 2, "spb": "auto"})
     assert jigsaw.schedule(snap(nodes(1, 2), chosen)).reconfigure == (Reconfigure(1, {}),)
+
+
+def test_its_parameters_reach_it_from_the_settings_and_the_simulator_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One generic path: `get_policy(name, params)`, the params from the live cluster's
+    `JIGSAW_SCHEDULER_JIGSAW_*` section or from a simulation's options."""
+    short = job(1, 4, model(4, 1000, sizes={2: 1.7}))
+    long = job(2, 4, model(4, 10_000, sizes={2: 1.7}))
+    crowded = snap(nodes(1, 8), short, long, job(3, 2, model(2, 100)))
+    monkeypatch.setenv("JIGSAW_SCHEDULER_JIGSAW_LONG_JOB_FLOOR", "0")
+    monkeypatch.setenv("JIGSAW_SCHEDULER_JIGSAW_EFFICIENCY_FLOORS", "[0.5, 0.7, 0.8]")
+    settings = SchedulerSettings(policy="jigsaw")
+    params = settings.policy_params(settings.policy)
+    assert isinstance(params, JigsawParams)
+    assert (params.long_job_floor, params.efficiency_floors) == (0.0, (0.5, 0.7, 0.8))
+    plan = get_policy("jigsaw", params)(crowded)
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 3: 2}  # as unfloored
+    assert {p.job_id: len(p.gpu_ids) for p in jigsaw.schedule(crowded).start}[2] == 2
+
+    simulated = policy_params("jigsaw", interference=0.3, round_seconds=60.0)
+    assert simulated == JigsawParams(interference=0.3)
+    assert policy_params("fifo", interference=0.3) is None
+    assert settings.policy_params("fifo") is None
+
+
+def test_bad_parameters_are_refused_with_the_field_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError, match="efficiency_floors"):
+        JigsawParams(efficiency_floors=(1.5,))
+    with pytest.raises(ValidationError, match="stickiness"):
+        JigsawParams(stickiness=0.0)
+    with pytest.raises(ValidationError, match="configs"):
+        JigsawParams(configs=())
+    with pytest.raises(ValueError, match="takes JigsawParams"):
+        get_policy("jigsaw", HALF)
+    with pytest.raises(ValueError, match="takes no parameters"):
+        get_policy("fifo", JigsawParams())
+    monkeypatch.setenv("JIGSAW_SCHEDULER_JIGSAW_MAX_GUESTS", "-1")
+    with pytest.raises(ValidationError, match="max_guests"):
+        SchedulerSettings()

@@ -10,7 +10,8 @@ of time. Gandiva's packing and migration are not modelled here (JigSaw packs).
 from __future__ import annotations
 
 from scheduler.plan import Plan
-from scheduler.policies.preemptive import candidates, run_in_order
+from scheduler.policies.placement import candidates
+from scheduler.policies.preemptive import run_in_order
 from scheduler.snapshot import ClusterSnapshot, JobView
 
 QUANTUM_SECONDS = 600.0

@@ -12,13 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from scheduler.plan import Placement, Plan
-from scheduler.policies.fifo import FreePool, spb_of
+from scheduler.policies.placement import FreePool, spb_of
 from scheduler.snapshot import ClusterSnapshot, GPUView, JobView
-
-
-def candidates(snapshot: ClusterSnapshot) -> list[JobView]:
-    """Jobs holding GPUs or waiting for them."""
-    return [job for job in snapshot.jobs if job.holding or job.waiting]
 
 
 def run_in_order(snapshot: ClusterSnapshot, ordered: Iterable[JobView]) -> Plan:

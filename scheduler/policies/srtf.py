@@ -1,28 +1,16 @@
 """Shortest remaining time first, preemptive at every round.
 
-A job's remaining time is its iterations left times its step time when the scheduler
-has a model of its speed (`JobView.model`, from profiles), else its iterations left
-alone; a job with neither (only a target metric) is longest. Knowing remaining times
+A job's remaining time is `placement.remaining_seconds` (from its speed model when the
+scheduler has one, else its iterations left). Knowing remaining times
 is what SRTF assumes; Tiresias is the baseline that does not.
 """
 
 from __future__ import annotations
 
-import math
-
 from scheduler.plan import Plan
-from scheduler.policies.preemptive import candidates, run_in_order
-from scheduler.snapshot import ClusterSnapshot, JobView
-
-
-def remaining_seconds(job: JobView) -> float:
-    if job.model is not None:
-        left = max(job.model.iterations_total - job.iterations_done, 0)
-        return left * job.model.alone_step_seconds
-    target = job.spec.get("max_iterations")
-    if target is None:
-        return math.inf
-    return float(max(int(target) - job.iterations_done, 0))
+from scheduler.policies.placement import candidates, remaining_seconds
+from scheduler.policies.preemptive import run_in_order
+from scheduler.snapshot import ClusterSnapshot
 
 
 def schedule(snapshot: ClusterSnapshot) -> Plan:

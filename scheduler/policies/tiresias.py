@@ -16,7 +16,8 @@ import bisect
 from collections.abc import Sequence
 
 from scheduler.plan import Plan
-from scheduler.policies.preemptive import candidates, run_in_order
+from scheduler.policies.placement import candidates
+from scheduler.policies.preemptive import run_in_order
 from scheduler.snapshot import ClusterSnapshot, JobView
 
 QUEUE_THRESHOLDS_GPU_SECONDS: tuple[float, ...] = (16 * 3600.0,)

@@ -25,7 +25,13 @@ from typing import Any
 
 from jigsaw import spb
 from jigsaw.spb import SPBProfile
-from scheduler.jobmodel import JobModel, Shape, colocation_factors, stretched_step
+from scheduler.jobmodel import (
+    INTERFERENCE,
+    JobModel,
+    Shape,
+    colocation_factors,
+    stretched_step,
+)
 from scheduler.plan import Plan
 from scheduler.policies import Policy
 from scheduler.sim.profiles import memory_per_gpu, profile_for
@@ -34,7 +40,6 @@ from scheduler.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
 from scheduler.states import JobState, can_transition
 
 EPOCH = datetime(2024, 1, 1, tzinfo=UTC)
-DEFAULT_INTERFERENCE = 0.15
 
 
 class SimulationStuck(RuntimeError):
@@ -69,7 +74,7 @@ class ClusterShape:
 class SimOptions:
     round_seconds: float = 60.0  # one lease
     restart_seconds: float = 30.0  # a (re)started job's setup and checkpoint restore
-    interference: float = DEFAULT_INTERFERENCE
+    interference: float = INTERFERENCE
     zero_arrivals: bool = False  # submit the whole workload at time 0
     spb_profiles: dict[str, SPBProfile] = field(default_factory=dict)  # measured, by name
 

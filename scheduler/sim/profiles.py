@@ -19,7 +19,7 @@ from pathlib import Path
 
 from jigsaw.jobspec import SPBConfig
 from jigsaw.spb import SPBProfile, StageProfile, config_key
-from scheduler.policies.jigsaw import CONFIGS
+from scheduler.policies.jigsaw.params import CONFIGS
 
 # Which model family each Pollux application belongs to; anything else is "generic".
 FAMILY = {

@@ -1,0 +1,169 @@
+"""JigSaw: SPB-aware packing at lease granularity, to maximize useful progress per
+GPU-second.
+
+Useful progress of a job is measured in GPU-seconds of its run alone: a job of W GPUs
+whose iteration takes `s0` alone at full backprop produces `W * s0 / (step * ratio)`
+useful GPUs while each iteration takes `step` and it needs `ratio` times the
+iterations (its SPB configuration's statistical price). Cluster efficiency is the sum
+over jobs divided by the GPUs. Each round:
+
+1. Order the jobs that want or hold GPUs: priority first; then jobs starving (that
+   have waited longer than `starvation_seconds` in all; they keep that place while they
+   run); then least remaining GPU-time (remaining time at the job's base size, below,
+   times that size: a narrow job a little longer goes before a wide one, which frees
+   more GPUs for everyone's benefit later), running jobs' discounted by `stickiness`
+   so that a small difference never pays a restart. A job that would set the
+   makespan if started last counts its GPU-time at `straggler_discount`: one that
+   needs at least `straggler_drain` times the cluster's drain time (every known job's
+   fewest GPU-seconds over the GPUs) even at its fastest size. Least GPU-time first
+   would run it after the jobs queued beside it, then alone, with GPUs idle (a job
+   that does not scale) or spent wide at a fraction of their worth (one that does);
+   discounted, not first, it starts ahead of longer queued work, not of short jobs.
+   Once no job has been submitted for `pace_after_seconds`, the backlog is all there
+   is to finish, and the jobs that cannot finish by the least makespan of all known
+   work (`scheduler.makespan`) at their cheapest size are paced: they go first (after
+   priority and starvation), at the width they need to finish by then (`ordering.paced`);
+   only while other jobs wait, since the order and growth then give them the rest.
+2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
+   do). A job's base size is what it asked for while all requests fit the cluster;
+   else the most GPUs it uses at no less than a floor of its best progress per GPU,
+   the mildest of `efficiency_floors` under which the requests fit, and a job with
+   more than `long_job_seconds` to go even at that size at no less than
+   `long_job_floor` (a running job: that or what it holds, whichever is less); a
+   paced job's is its pace.
+   Running jobs then keep what they hold above their base while GPUs remain, in
+   order, and shrink to it (move) when a job ahead needs them, instead of being
+   suspended. Kept jobs stay where they are; newcomers and moved jobs are
+   gang-placed on free GPUs; running jobs not admitted keep running where nobody took
+   their GPUs. GPUs still free then grow placed jobs, in order, each to the size
+   (including more than it asked for) that finishes it soonest on the nodes those
+   GPUs are on; a running job only when that saves it `min_grow_saving` seconds, its
+   restart included. In a first pass a job with more than `grow_floor_seconds` to go
+   grows only to sizes at `grow_floor` of its best progress per GPU (it would hold
+   the GPUs for hours), so the jobs behind it grow too; GPUs still idle after that go
+   as fast as they speed jobs up. In the first pass the jobs that need at least
+   `tail_share` of the drain time even at their fastest size (they will still run
+   when the cluster drains) take their turns longest first, so that they finish
+   together instead of the last alone on a cluster it cannot fill. Idle GPUs add
+   nothing, so growth costs nothing until a job ahead needs them back.
+3. Give every placed job the SPB configuration (or off) with the most useful progress
+   alone: fewer bytes to synchronise can outweigh the statistical price.
+4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
+   when that raises the cluster's useful progress. A guest's workers go first on the
+   partial workers of hosts switched to an SPB configuration (whose idle time and freed
+   activation memory host it without slowing the host, whose pace its full workers
+   set), then on GPUs whose jobs leave them idle during synchronisation. Sharing a GPU
+   costs every job there `interference` and, past the whole GPU, time-slicing (the
+   rule of `scheduler.jobmodel.colocation_factors`); GPU memory is never
+   over-committed. A guest is placed only when the gain net of what its hosts lose is
+   at least `min_gain` GPUs.
+
+The steps are modules of this package: `ordering` (1), `sizing` and `growth` (2),
+`spb_choice` (3), `packing` (4); `params.JigsawParams` holds every constant named here,
+`speeds` what is derived from a job's speed model alone.
+
+Cost: sorting is O(J log J) for J jobs (the drain time O(J); the least makespan, when
+pacing, O(C log C) for the C corners of the jobs' cost curves); sizing O(J) (per-job
+choices cached per model); placement O(J + G) for G GPUs; growth O(S x P) per job
+for S sizes and P GPUs per node (how a gang would spread is predicted from free counts
+per node), and stops when no GPU is free; packing O(G log G) to rank candidate GPUs
+once, then O(W) per guest of W workers over at most `max_guests` guests per round. Jobs
+without a speed model (or with one size, as on the real cluster) are never resized;
+without a model they are scheduled like SRTF by iterations left and are never packed or
+given SPB. The policy chooses the SPB configuration only of jobs whose spec says `auto`:
+one that says `off` or fixes a configuration runs as its spec says, placed, kept or
+packed."""
+
+from __future__ import annotations
+
+from jigsaw import spb
+from scheduler.plan import Placement, Plan, Reconfigure
+from scheduler.policies.jigsaw import growth, ordering, packing, sizing, spb_choice
+from scheduler.policies.jigsaw.layout import Layout, guests_of
+from scheduler.policies.jigsaw.params import CONFIGS, JigsawParams
+from scheduler.policies.placement import candidates
+from scheduler.snapshot import ClusterSnapshot, GPUView
+
+__all__ = ["CONFIGS", "JigsawParams", "schedule"]
+
+DEFAULTS = JigsawParams()
+
+
+def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan:
+    """One round: the steps of the module docstring, each a function of its own."""
+    usable = _usable(snapshot)
+    every = snapshot.gpus_by_id()
+    layout = Layout(
+        params.interference,
+        node_of={g.id: g.node_id for g in every.values()},
+        memory_of={g.id: g.memory_bytes for g in every.values()},
+    )
+    jobs = candidates(snapshot)
+    per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
+
+    # 1. Order.
+    rule = sizing.Sizing(
+        per_node,
+        sizing.shrink_floor(jobs, per_node, len(usable), params.efficiency_floors),
+        params.long_job_seconds,
+        params.long_job_floor,
+        ordering.paced(snapshot, jobs, per_node, len(usable), params.pace_after_seconds),
+    )
+    drain = ordering.drain_seconds(jobs, per_node, len(usable))
+    ordered = ordering.order(jobs, snapshot, rule, drain, params)
+
+    # 2. Size and admit whole GPUs in order, then grow into what is left.
+    guests = guests_of(snapshot)
+    base, size = sizing.size_jobs(
+        ordered, guests, budget=len(usable), capacity=snapshot.alive_gpu_count(), sizing=rule
+    )
+    packed = {g for job in snapshot.jobs if job.id in guests for g in job.allocated_gpu_ids}
+    admission = sizing.admit(ordered, size, guests, layout, usable, packed)
+    started, moved = admission.started, admission.moved
+    if params.grow:
+        admitted = [job for job in ordered if job.id in size]
+        regrown = growth.grow(
+            admitted,
+            guests,
+            layout,
+            admission.pool,
+            usable,
+            started,
+            per_node,
+            drain * params.tail_share,
+            params,
+        )
+        started, moved = [*started, *regrown], [*moved, *regrown]
+    kept_guests = growth.keep_guests(ordered, guests, layout, usable)
+
+    # 3. Choose SPB configurations; 4. pack waiting jobs as guests.
+    spb_choice.choose(layout, kept_guests, params)
+    started += packing.pack(ordered, base, layout, usable, params)
+    return _plan(snapshot, layout, started, moved)
+
+
+def _usable(snapshot: ClusterSnapshot) -> dict[int, GPUView]:
+    """The GPUs new work may go on: those of alive, schedulable nodes."""
+    return {
+        gpu.id: gpu
+        for node in snapshot.nodes
+        if node.alive and node.schedulable
+        for gpu in node.gpus
+    }
+
+
+def _plan(snapshot: ClusterSnapshot, layout: Layout, started: list[int], moved: list[int]) -> Plan:
+    """The changes from what runs now to `layout`."""
+    suspend = tuple(
+        sorted([j.id for j in snapshot.jobs if j.holding and j.id not in layout.jobs] + moved)
+    )
+    start = tuple(
+        Placement(job_id, layout.gpus[job_id], spb.as_json(layout.config[job_id]))
+        for job_id in started
+    )
+    reconfigure = tuple(
+        Reconfigure(job_id, spb.as_json(layout.config[job_id]))
+        for job_id, job in layout.jobs.items()
+        if job.holding and job_id not in moved and spb.as_json(layout.config[job_id]) != job.spb
+    )
+    return Plan(start=start, suspend=suspend, reconfigure=reconfigure)

@@ -1,0 +1,155 @@
+"""Step 2, growth: GPUs nobody is admitted to grow placed jobs, each to the size that
+finishes it soonest; and the guests not admitted stay where they are packed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from jigsaw import spb
+from scheduler.policies.jigsaw.layout import Layout
+from scheduler.policies.jigsaw.params import JigsawParams
+from scheduler.policies.jigsaw.speeds import (
+    outlasts,
+    per_gpu_values,
+    remaining_on,
+    remaining_seconds_at,
+)
+from scheduler.policies.placement import FreePool
+from scheduler.snapshot import GPUView, JobView
+
+
+@dataclass(frozen=True)
+class Growth:
+    """How wide growth may make a job in this pass.
+
+    A job with more than `long_seconds` to go grows only to sizes where it makes at
+    least `floor` of its best progress per GPU: grown, it would hold those GPUs for
+    hours (it moves again only for a real saving), where a short job hands them back
+    soon. Without a floor (the last pass) a job grows as far as finishing sooner goes.
+    """
+
+    per_node: int
+    floor: float
+    long_seconds: float
+    min_saving: float
+
+    def widest(self, job: JobView, held: int) -> float:
+        assert job.model is not None
+        if not self.floor or remaining_seconds_at(job, held, self.per_node) <= self.long_seconds:
+            return math.inf
+        values = per_gpu_values(job.model, self.per_node)
+        best = max(values.values())
+        return max(w for w in job.model.sizes if w <= held or values[w] >= self.floor * best)
+
+
+def grow(
+    admitted: list[JobView],
+    guests: set[int],
+    layout: Layout,
+    pool: FreePool,
+    usable: dict[int, GPUView],
+    started: list[int],
+    per_node: int,
+    tail_seconds: float,
+    params: JigsawParams,
+) -> list[int]:
+    """Grow placed jobs into the GPUs left free, in two passes, and return the running
+    jobs it moved (`started` lists the jobs already (re)started this round).
+
+    Long jobs first grow only as far as they use GPUs well, so the jobs behind them
+    grow too; then what is still idle goes as fast as it speeds jobs up. In the first
+    pass the jobs that need at least `tail_seconds` even at their fastest size (they
+    will still run when the cluster drains) grow longest first, so that they finish
+    together rather than one alone."""
+    tail_first = _tail_first(admitted, layout, per_node, tail_seconds)
+    moved: list[int] = []
+    for order, floor in ((tail_first, params.grow_floor), (admitted, 0.0)):
+        growth = Growth(per_node, floor, params.grow_floor_seconds, params.min_grow_saving)
+        fresh = {*started, *moved}
+        for job in order:
+            if pool.total == 0:
+                break
+            grew = job.id not in guests and _grow_one(job, layout, pool, usable, growth, fresh)
+            if grew and job.id not in fresh:
+                moved.append(job.id)
+    return moved
+
+
+def _grow_one(
+    job: JobView,
+    layout: Layout,
+    pool: FreePool,
+    usable: dict[int, GPUView],
+    growth: Growth,
+    fresh: set[int],
+) -> bool:
+    """Grow `job` to the size that finishes it soonest on the nodes the free GPUs are
+    on (a gang spread thin can be slower than a smaller one on one node), up to
+    `growth.widest`. Idle, those GPUs would add nothing; a running job not (re)started
+    this round (`fresh`) moves only when that saves it `growth.min_saving` seconds, its
+    restart included. Whether it grew."""
+    held = layout.gpus.get(job.id)
+    if held is None or job.model is None or len(job.model.sizes) < 2:
+        return False
+    if any(g not in usable for g in held):
+        return False
+    mine = [usable[g] for g in held]
+    chosen, soonest = 0, remaining_on(job, len(held), layout.nodes[job.id])
+    if job.id not in fresh:
+        soonest -= growth.min_saving
+    widest = growth.widest(job, len(held))
+    for workers in job.model.sizes:
+        if workers <= len(held):
+            continue
+        if workers > widest:
+            break
+        span = pool.span(workers, mine)
+        if span is None:
+            break
+        finish = remaining_on(job, workers, span)
+        if finish < soonest:
+            chosen, soonest = workers, finish
+    if not chosen:
+        return False
+    config = layout.config[job.id]
+    layout.take(job.id)
+    pool.give(mine)
+    placed = pool.take(chosen)
+    assert placed is not None  # span said it fits
+    layout.put(job, tuple(g.id for g in placed), config)
+    return True
+
+
+def _tail_first(
+    admitted: list[JobView], layout: Layout, per_node: int, threshold: float
+) -> list[JobView]:
+    """`admitted`, with the jobs that need at least `threshold` seconds even at their
+    fastest size (0: none) reordered among their own places, most time to go where
+    they are first."""
+
+    def to_go(job: JobView) -> float:
+        if job.id not in layout.gpus:
+            return 0.0
+        return remaining_on(job, len(layout.gpus[job.id]), layout.nodes[job.id])
+
+    tail = {job.id for job in admitted if outlasts(job, per_node, threshold)}
+    longest = iter(sorted((job for job in admitted if job.id in tail), key=to_go, reverse=True))
+    return [next(longest) if job.id in tail else job for job in admitted]
+
+
+def keep_guests(
+    ordered: list[JobView], guests: set[int], layout: Layout, usable: dict[int, GPUView]
+) -> set[int]:
+    """Put the guests not placed on GPUs of their own back where they are packed (on
+    usable GPUs); the guests so kept."""
+    kept: set[int] = set()
+    for job in ordered:
+        if (
+            job.id in guests
+            and job.id not in layout.jobs
+            and all(g in usable for g in job.allocated_gpu_ids)
+        ):
+            layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
+            kept.add(job.id)
+    return kept

@@ -1,0 +1,86 @@
+"""The plan being built: who is on which GPU under which SPB configuration, and what
+that yields; and which running jobs are guests on another job's GPUs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from jigsaw.jobspec import SPBConfig
+from scheduler.jobmodel import Shape, colocation_factors, stretched_step
+from scheduler.snapshot import ClusterSnapshot, JobView
+
+
+@dataclass
+class Layout:
+    """Who is on which GPU under which configuration."""
+
+    interference: float
+    node_of: dict[int, int]
+    memory_of: dict[int, int]
+    jobs: dict[int, JobView] = field(default_factory=dict)
+    gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # job -> GPUs by rank
+    nodes: dict[int, int] = field(default_factory=dict)  # job -> how many nodes it spans
+    config: dict[int, SPBConfig | None] = field(default_factory=dict)
+    on_gpu: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+
+    def shape(self, job_id: int) -> Shape | None:
+        job = self.jobs[job_id]
+        if job.model is None:
+            return None
+        nodes = self.nodes[job_id]
+        return job.model.shape(self.config[job_id], len(self.gpus[job_id]), nodes)
+
+    def put(self, job: JobView, gpus: tuple[int, ...], config: SPBConfig | None) -> None:
+        self.jobs[job.id] = job
+        self.gpus[job.id] = gpus
+        self.nodes[job.id] = len({self.node_of[g] for g in gpus})
+        self.config[job.id] = config
+        for gpu in gpus:
+            self.on_gpu[gpu].append(job.id)
+
+    def take(self, job_id: int) -> None:
+        for gpu in self.gpus.pop(job_id):
+            self.on_gpu[gpu].remove(job_id)
+        del self.nodes[job_id]
+        del self.config[job_id]
+        del self.jobs[job_id]
+
+    def demand(self, job_id: int, gpu: int) -> float:
+        shape = self.shape(job_id)
+        if shape is None:
+            return 1.0
+        return shape.demands[self.gpus[job_id].index(gpu)]
+
+    def useful(self, job_id: int) -> float:
+        """Useful GPUs the job yields where it is now (sharing included)."""
+        job = self.jobs[job_id]
+        shape = self.shape(job_id)
+        if shape is None or job.model is None:
+            return float(len(self.gpus[job_id]))
+        factors = colocation_factors(
+            {g: [(j, self.demand(j, g)) for j in self.on_gpu[g]] for g in self.gpus[job_id]},
+            self.interference,
+        )
+        step = stretched_step(shape, [factors[g] for g in self.gpus[job_id]])
+        return job.workers * job.model.alone_step_seconds / (step * shape.steps_ratio)
+
+
+def guests_of(snapshot: ClusterSnapshot) -> set[int]:
+    """Running jobs that joined a GPU another job held first."""
+    jobs = {job.id: job for job in snapshot.jobs}
+    first = snapshot.now.timestamp()
+    guests: set[int] = set()
+    for node in snapshot.nodes:
+        for gpu in node.gpus:
+            if len(gpu.holders) < 2:
+                continue
+            since = {
+                j: (held.timestamp() if (held := jobs[j].held_since) else first, j)
+                for j in gpu.holders
+                if j in jobs
+            }
+            if since:
+                primary = min(since, key=since.__getitem__)
+                guests.update(j for j in since if j != primary)
+    return guests

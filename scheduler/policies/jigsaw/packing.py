@@ -1,0 +1,170 @@
+"""Step 4, packing: jobs still waiting, in order, join GPUs of running jobs as guests
+when that raises the cluster's useful progress (GPU memory never over-committed)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from jigsaw.jobspec import SPBConfig
+from scheduler.policies.jigsaw.layout import Layout
+from scheduler.policies.jigsaw.params import JigsawParams
+from scheduler.policies.jigsaw.spb_choice import hosting_config, own_config
+from scheduler.snapshot import GPUView, JobView
+
+
+def pack(
+    ordered: list[JobView],
+    base: dict[int, int],
+    layout: Layout,
+    usable: dict[int, GPUView],
+    params: JigsawParams,
+) -> list[int]:
+    """Place waiting jobs (at their base size) as guests, in order, up to
+    `max_guests` tried and until `max_failures` in a row find no place; the guests
+    placed."""
+    waiting = [
+        job
+        for job in ordered
+        if job.waiting
+        and job.id not in layout.jobs
+        and job.model is not None
+        and job.workers <= len(usable)
+    ]
+    rooms = _Rooms(layout, usable, params.configs)
+    placed: list[int] = []
+    failures = 0
+    for job in waiting[: params.max_guests]:
+        if _pack_one(rooms, job, base[job.id], params):
+            placed.append(job.id)
+            failures = 0
+        else:
+            failures += 1
+            if failures == params.max_failures:
+                break  # the rest of the queue is unlikely to fit where these did not
+    return placed
+
+
+@dataclass
+class _Rooms:
+    """GPUs a guest may join, least loaded first, under the hosts' current
+    configurations or with every host switched to its hosting configuration.
+
+    Ranked once per round: a guest scans from the front for GPUs its memory fits on,
+    so placing one costs about its own size, not the cluster's.
+    """
+
+    layout: Layout
+    usable: dict[int, GPUView]
+    configs: tuple[SPBConfig, ...]
+    ranked: dict[bool, list[tuple[float, int, int, int]]] = field(default_factory=dict)
+    taken: set[int] = field(default_factory=set)
+
+    def hosting(self) -> dict[int, SPBConfig | None]:
+        hosts = {on[0] for g in self.usable if len(on := self.layout.on_gpu.get(g, [])) == 1}
+        switched = {
+            h: hosting_config(self.layout.jobs[h], self.layout, self.configs) for h in hosts
+        }
+        return {h: c for h, c in switched.items() if c != self.layout.config[h]}
+
+    def rank(self, switch: bool) -> list[tuple[float, int, int, int]]:
+        if switch not in self.ranked:
+            layout = self.layout
+            changed = self.hosting() if switch else {}
+            saved = {h: layout.config[h] for h in changed}
+            layout.config.update(changed)
+            entries = [
+                (0.0, layout.node_of[gpu], gpu, 0)
+                for gpu in self.usable
+                if not layout.on_gpu.get(gpu)
+            ]
+            entries += self._shared_entries()
+            layout.config.update(saved)
+            entries.sort()
+            self.ranked[switch] = entries
+        return self.ranked[switch]
+
+    def _shared_entries(self) -> list[tuple[float, int, int, int]]:
+        """(demand, node, GPU, memory used) of each usable GPU one job holds."""
+        layout = self.layout
+        entries = []
+        for job_id, gpus in layout.gpus.items():
+            shape = layout.shape(job_id)
+            if shape is None:
+                continue
+            for rank, gpu in enumerate(gpus):
+                if gpu in self.usable and len(layout.on_gpu[gpu]) == 1:
+                    node = layout.node_of[gpu]
+                    used = shape.worker_memory_bytes[rank]
+                    entries.append((shape.demands[rank], node, gpu, used))
+        return entries
+
+    def choose(self, size: int, need: int, switch: bool) -> tuple[int, ...] | None:
+        chosen = []
+        memory = self.layout.memory_of
+        for _, _, gpu, used in self.rank(switch):
+            if gpu in self.taken or used + need > memory[gpu]:
+                continue
+            chosen.append(gpu)
+            if len(chosen) == size:
+                return tuple(chosen)
+        return None
+
+
+def _pack_one(rooms: _Rooms, job: JobView, size: int, params: JigsawParams) -> bool:
+    """Place `job` as a guest where it adds the most, if it adds at least `min_gain`
+    useful GPUs per GPU it takes."""
+    assert job.model is not None
+    layout = rooms.layout
+    guest = job.model.shape(own_config(job), size, 1)
+    need = max(guest.worker_memory_bytes)
+    best: tuple[float, tuple[int, ...], dict[int, SPBConfig | None]] | None = None
+    for switch in (False, True):
+        choice = rooms.choose(size, need, switch)
+        if choice is None:
+            continue
+        touched = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
+        configs = {}
+        if switch:
+            configs = {
+                h: c
+                for h in touched
+                if (c := hosting_config(layout.jobs[h], layout, params.configs)) != layout.config[h]
+            }
+            if not configs:
+                continue
+        gain = _gain(layout, job, choice, configs, params.max_host_loss)
+        if gain >= params.min_gain * len(choice) and (best is None or gain > best[0]):
+            best = (gain, choice, configs)
+    if best is None:
+        return False
+    _, choice, configs = best
+    layout.config.update(configs)
+    layout.put(job, choice, own_config(job))
+    rooms.taken.update(choice)
+    return True
+
+
+def _gain(
+    layout: Layout,
+    job: JobView,
+    choice: tuple[int, ...],
+    configs: dict[int, SPBConfig | None],
+    max_host_loss: float,
+) -> float:
+    """Useful GPUs gained by placing `job` on `choice` with these host configurations."""
+    hosts = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
+    # Every job sharing a GPU with a host is affected through the host's pace only.
+    before = {h: layout.useful(h) for h in hosts}
+    saved = {h: layout.config[h] for h in configs}
+    layout.config.update(configs)
+    layout.put(job, choice, own_config(job))
+    after = {h: layout.useful(h) for h in hosts}
+    guest = layout.useful(job.id)
+    layout.take(job.id)
+    layout.config.update(saved)
+    # Hosts are ahead of the guest in the order (shorter, or starving): packing must
+    # not cost them more than `max_host_loss` of their progress.
+    if any(after[h] < before[h] * (1.0 - max_host_loss) for h in hosts):
+        return -math.inf
+    return guest + sum(after.values()) - sum(before.values())

@@ -1,0 +1,126 @@
+"""JigSaw's tuning: one frozen object with every constant of the policy and its default.
+
+The live cluster builds it from the `JIGSAW_SCHEDULER_JIGSAW_*` settings
+(`scheduler.settings.JigsawSettings`), the simulator from its options
+(`scheduler.policies.policy_params`); ablations change one field.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jigsaw.jobspec import SPBConfig
+from scheduler.jobmodel import INTERFERENCE
+
+# The SPB configurations JigSaw chooses from (the simulator's assumed profiles price
+# exactly these).
+CONFIGS: tuple[SPBConfig, ...] = (
+    SPBConfig(full_fraction=0.5, partial_depth=0.5),
+    SPBConfig(full_fraction=0.5, partial_depth=0.25),
+    SPBConfig(full_fraction=0.25, partial_depth=0.5),
+)
+
+_Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class JigsawParams(BaseModel):
+    """The policy's constants (`scheduler.policies.jigsaw` says where each acts)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interference: float = Field(
+        default=INTERFERENCE,
+        ge=0.0,
+        description="Slowdown JigSaw predicts for jobs sharing a GPU (a fraction); the "
+        "co-location rule of `scheduler.jobmodel`.",
+    )
+    starvation_seconds: float = Field(
+        default=12 * 3600.0,
+        ge=0.0,
+        description="A job that has waited this long in all goes ahead and keeps its place.",
+    )
+    stickiness: float = Field(
+        default=0.7,
+        gt=0.0,
+        description="Factor on a running job's remaining GPU-time in the order, so that a "
+        "small difference never pays a restart.",
+    )
+    min_gain: float = Field(
+        default=0.1,
+        description="Useful GPUs a guest must add, per GPU it takes, net of its hosts' loss.",
+    )
+    max_guests: int = Field(default=64, ge=0, description="Guests tried per round (0: no packing).")
+    max_failures: int = Field(
+        default=8,
+        ge=1,
+        description="Guests in a row that find no place before packing stops for the round.",
+    )
+    max_host_loss: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="Most of its progress a host may lose to a guest.",
+    )
+    efficiency_floors: tuple[_Fraction, ...] = Field(
+        default=(0.5, 0.7, 0.8),
+        description="Shrink floors, mildest first: when requests do not fit, jobs run on "
+        "the most GPUs they use at no less than this fraction of their best progress per "
+        "GPU (empty: never shrink).",
+    )
+    long_job_seconds: float = Field(
+        default=3600.0,
+        ge=0.0,
+        description="A job with more than this to go is sized at `long_job_floor`.",
+    )
+    long_job_floor: float = Field(
+        default=0.95, ge=0.0, le=1.0, description="The shrink floor of long jobs."
+    )
+    min_grow_saving: float = Field(
+        default=600.0,
+        ge=0.0,
+        description="Seconds growing must save a running job, its restart included.",
+    )
+    grow_floor: float = Field(
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        description="In the first growth pass a long job grows only to sizes at this "
+        "fraction of its best progress per GPU.",
+    )
+    grow_floor_seconds: float = Field(
+        default=4 * 3600.0,
+        ge=0.0,
+        description="What a job must have to go for `grow_floor` to hold it back.",
+    )
+    straggler_drain: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="A job needing this share of the cluster's drain time even at its "
+        "fastest size is ordered at `straggler_discount` of its GPU-time (0: never).",
+    )
+    straggler_discount: float = Field(
+        default=0.25,
+        ge=0.0,
+        description="Factor on a makespan-setting job's GPU-time in the order.",
+    )
+    tail_share: float = Field(
+        default=0.45,
+        ge=0.0,
+        description="Jobs needing this share of the drain time even at their fastest size "
+        "grow longest first in the first pass (0: in order).",
+    )
+    pace_after_seconds: float = Field(
+        default=3600.0,
+        ge=0.0,
+        description="Once no job has been submitted for this long, the jobs that would "
+        "set the makespan are paced (inf: never).",
+    )
+    configs: tuple[SPBConfig, ...] = Field(
+        default=CONFIGS, min_length=1, description="The SPB configurations JigSaw chooses from."
+    )
+    grow: bool = Field(default=True, description="Grow placed jobs into idle GPUs.")
+    spb_enabled: bool = Field(
+        default=True, description="Choose SPB configurations for jobs that leave it to JigSaw."
+    )
