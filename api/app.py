@@ -7,7 +7,7 @@ from fastapi_offline import FastAPIOffline
 
 from api import dashboard, errors, observability
 from api.guards import RequestGuard
-from api.routes import cluster, code, health, jobs, nodes, profiles, scheduler, tokens
+from api.routes import cluster, code, health, jobs, nodes, profiles, queues, scheduler, tokens
 from scheduler.db import engine_from_settings, session_factory
 from scheduler.models.users import TokenVerifier
 from scheduler.settings import Settings, get_settings
@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         profiles.router,
         tokens.router,
         nodes.router,
+        queues.router,
     ):
         app.include_router(router)
     dashboard.install(app)

@@ -65,7 +65,13 @@ node_app = typer.Typer(
 )
 app.add_typer(db_app, name="db")
 app.add_typer(token_app, name="token")
+queue_app = typer.Typer(
+    help="Queues: GPU quotas, borrowing and fair-share weights (`list`, `show`: everyone; "
+    "`create`, `edit`, `delete`: admins).",
+    no_args_is_help=True,
+)
 app.add_typer(node_app, name="node")
+app.add_typer(queue_app, name="queue")
 app.command()(simulate)
 
 out = Console(highlight=False)
@@ -170,8 +176,17 @@ def _when(value: Any) -> str:
 
 
 def _reason(job: dict[str, Any]) -> str:
-    """Why a waiting job cannot be placed ("" when nothing stops it)."""
-    return str(job.get("pending_reason") or "")
+    """Why a waiting job did not start, with its place in line ("" when it is not
+    waiting)."""
+    reason = str(job.get("pending_reason") or "")
+    position = job.get("position")
+    if isinstance(position, dict):
+        place = (
+            f"#{position.get('queue')} in queue {job.get('queue')}, "
+            f"#{position.get('overall')} overall"
+        )
+        return f"{reason} ({place})" if reason else place
+    return reason
 
 
 def _progress(job: dict[str, Any]) -> str:
@@ -525,7 +540,7 @@ def list_jobs(
     out.print(table)
     for job in items:
         if reason := _reason(job):
-            out.print(f"[yellow]![/] job {job.get('id')} cannot start: {escape(reason)}")
+            out.print(f"[yellow]![/] job {job.get('id')} waits: {escape(reason)}")
     footer = f"{len(items)} of {page.get('total', len(items))} job(s)"
     if page.get("next_after"):
         footer += f"; next page: jigsaw jobs --after {page['next_after']}"
@@ -556,7 +571,12 @@ def show_job(
         ("job", f"{job.get('id')} ({escape(str(job.get('name')))})"),
         ("owner", escape(str(job.get("owner")))),
         ("state", _state(str(job.get("state")))),
-        *([("cannot start", f"[yellow]{escape(reason)}[/]")] if (reason := _reason(job)) else []),
+        *([("waiting", f"[yellow]{escape(reason)}[/]")] if (reason := _reason(job)) else []),
+        *(
+            [("estimated start", _when(job.get("estimated_start_at")))]
+            if job.get("estimated_start_at")
+            else []
+        ),
         ("message", escape(str(job.get("message") or "-"))),
         ("workload", escape(str(spec.get("workload", "-")))),
         ("workers", str(job.get("workers"))),
@@ -1001,6 +1021,170 @@ def node_remove(
     with _api(ctx) as client:
         client.remove_node(name)
     out.print(f"node {escape(name)}: removed")
+
+
+# -- queues ---------------------------------------------------------------------------
+
+_QUOTA_HELP = "GPUs guaranteed while its jobs want them (none: what other queues leave)."
+_BORROW_HELP = "Idle GPUs of other queues it may use beyond its quota (none: no limit)."
+
+
+def _limit(value: str | None, flag: str) -> int | None | str:
+    """A count, `none` (no value: null), or "" when the flag was not given."""
+    if value is None:
+        return ""
+    if value.lower() == "none":
+        return None
+    if not value.isdigit():
+        _fail(f"{flag} must be a number of GPUs or `none`, got {value!r}", EXIT_BAD_INPUT)
+    return int(value)
+
+
+def _queue_fields(
+    quota: str | None,
+    borrowing_limit: str | None,
+    weight: float | None,
+    parent: str | None,
+    users: str | None,
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for key, value in (
+        ("quota", _limit(quota, "--quota")),
+        ("borrowing_limit", _limit(borrowing_limit, "--borrowing-limit")),
+    ):
+        if value != "":
+            fields[key] = value
+    if weight is not None:
+        fields["weight"] = weight
+    if parent is not None:
+        fields["parent"] = None if parent.lower() == "none" else parent
+    if users is not None:
+        fields["users"] = [name.strip() for name in users.split(",") if name.strip()]
+    return fields
+
+
+def _gpus(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _print_queue(queue: dict[str, Any]) -> None:
+    info = Table.grid(padding=(0, 2))
+    info.add_column(style="bold")
+    info.add_column()
+    for key, value in (
+        ("queue", escape(str(queue.get("name")))),
+        ("parent", escape(str(queue.get("parent") or "-"))),
+        ("quota", _gpus(queue.get("quota")) + " GPU(s)"),
+        ("borrowing limit", _gpus(queue.get("borrowing_limit"))),
+        ("weight", str(queue.get("weight"))),
+        ("users", escape(", ".join(queue.get("users") or []) or "everyone")),
+        ("GPUs in use", f"{queue.get('gpus_in_use')} ({queue.get('borrowed_gpus')} borrowed)"),
+        ("jobs", f"{queue.get('admitted_jobs')} admitted, {queue.get('pending_jobs')} pending"),
+    ):
+        info.add_row(key, value)
+    out.print(info)
+
+
+QueueArg = Annotated[str, typer.Argument(help="Queue name.", show_default=False)]
+QuotaOpt = Annotated[str | None, typer.Option("--quota", help=_QUOTA_HELP)]
+BorrowOpt = Annotated[str | None, typer.Option("--borrowing-limit", help=_BORROW_HELP)]
+WeightOpt = Annotated[float | None, typer.Option(min=0.001, help="Fair-share weight.")]
+ParentOpt = Annotated[str | None, typer.Option(help="Parent queue (`none`: top level).")]
+UsersOpt = Annotated[
+    str | None, typer.Option(help="Comma-separated users who may submit (empty: everyone).")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+@queue_app.command("list")
+def queue_list(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Every queue: quota, borrowing, weight, and what its jobs use and wait for."""
+    with _api(ctx) as client:
+        page = client.queues()
+    if as_json:
+        _echo_json(page)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("QUEUE", "PARENT", "QUOTA", "BORROW", "WEIGHT", "IN USE", "BORROWED", "PENDING"):
+        table.add_column(column)
+    for queue in page.get("items", []):
+        table.add_row(
+            escape(str(queue.get("name"))),
+            escape(str(queue.get("parent") or "-")),
+            _gpus(queue.get("quota")),
+            _gpus(queue.get("borrowing_limit")),
+            str(queue.get("weight")),
+            str(queue.get("gpus_in_use")),
+            str(queue.get("borrowed_gpus")),
+            str(queue.get("pending_jobs")),
+        )
+    out.print(table)
+
+
+@queue_app.command("show")
+def queue_show(ctx: typer.Context, name: QueueArg, as_json: JsonOpt = False) -> None:
+    """One queue and its usage."""
+    with _api(ctx) as client:
+        queue = client.get_queue(name)
+    if as_json:
+        _echo_json(queue)
+        return
+    _print_queue(queue)
+
+
+@queue_app.command("create")
+def queue_create(
+    ctx: typer.Context,
+    name: QueueArg,
+    quota: QuotaOpt = None,
+    borrowing_limit: BorrowOpt = None,
+    weight: WeightOpt = None,
+    parent: ParentOpt = None,
+    users: UsersOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a queue (admins)."""
+    fields = _queue_fields(quota, borrowing_limit, weight, parent, users)
+    with _api(ctx) as client:
+        queue = client.create_queue({"name": name, **fields})
+    if as_json:
+        _echo_json(queue)
+        return
+    out.print(f"queue {escape(name)}: created")
+
+
+@queue_app.command("edit")
+def queue_edit(
+    ctx: typer.Context,
+    name: QueueArg,
+    quota: QuotaOpt = None,
+    borrowing_limit: BorrowOpt = None,
+    weight: WeightOpt = None,
+    parent: ParentOpt = None,
+    users: UsersOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a queue's fields (admins); those not given stay."""
+    fields = _queue_fields(quota, borrowing_limit, weight, parent, users)
+    if not fields:
+        _fail(
+            "nothing to change: give --quota, --borrowing-limit, --weight, --parent or --users",
+            EXIT_BAD_INPUT,
+        )
+    with _api(ctx) as client:
+        queue = client.update_queue(name, fields)
+    if as_json:
+        _echo_json(queue)
+        return
+    _print_queue(queue)
+
+
+@queue_app.command("delete")
+def queue_delete(ctx: typer.Context, name: QueueArg) -> None:
+    """Delete a queue no active job names (admins)."""
+    with _api(ctx) as client:
+        client.delete_queue(name)
+    out.print(f"queue {escape(name)}: deleted")
 
 
 # -- profile --------------------------------------------------------------------------

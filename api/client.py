@@ -202,6 +202,21 @@ class JigsawClient:
     def remove_node(self, name: str) -> dict[str, Any]:
         return self._request("DELETE", f"/v1/nodes/{quote(name, safe='')}")
 
+    def queues(self) -> dict[str, Any]:
+        return self._get("/v1/queues")
+
+    def get_queue(self, name: str) -> dict[str, Any]:
+        return self._get(f"/v1/queues/{quote(name, safe='')}")
+
+    def create_queue(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        return self._request("POST", "/v1/queues", json=dict(fields))
+
+    def update_queue(self, name: str, fields: Mapping[str, Any]) -> dict[str, Any]:
+        return self._request("PATCH", f"/v1/queues/{quote(name, safe='')}", json=dict(fields))
+
+    def delete_queue(self, name: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/v1/queues/{quote(name, safe='')}")
+
     # -- plumbing -------------------------------------------------------------------
 
     def _get(self, path: str, *, params: Any = None) -> dict[str, Any]:

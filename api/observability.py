@@ -33,6 +33,7 @@ from scheduler.db import transaction
 from scheduler.models.cluster import capacity
 from scheduler.models.efficiency import cluster_efficiency
 from scheduler.models.jobs import count_by_state
+from scheduler.models.queues import QueueInfo, list_queues
 from scheduler.telemetry import SchedulerTelemetry
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class DatabaseCollector(Collector):
                 jobs = count_by_state(session)
                 counts = capacity(session)
                 efficiency = cluster_efficiency(session)
+                queues = list_queues(session)
         except Exception:  # noqa: BLE001 - /readyz reports the database; metrics go on
             logger.warning("could not read the cluster's counts for /metrics", exc_info=True)
             return
@@ -76,6 +78,7 @@ class DatabaseCollector(Collector):
         for node_state, count in counts.nodes.items():
             gauge.add_metric([node_state], count)
         yield gauge
+        yield from _queue_gauges(queues)
         for name, value, help_text in (
             (
                 "jigsaw_cluster_allocation_ratio",
@@ -91,6 +94,38 @@ class DatabaseCollector(Collector):
         ):
             if value is not None:
                 yield GaugeMetricFamily(name, help_text, value=value)
+
+
+def _queue_gauges(queues: list[QueueInfo]) -> Iterator[GaugeMetricFamily]:
+    """Per queue, in Kueue's vocabulary (its `*_pending_workloads` and so on)."""
+    for name, help_text, value in (
+        (
+            "jigsaw_queue_pending_jobs",
+            "Jobs waiting for GPUs, by queue (queued, or suspended by a policy).",
+            lambda q: q.pending_jobs,
+        ),
+        ("jigsaw_queue_admitted_jobs", "Jobs holding GPUs, by queue.", lambda q: q.admitted_jobs),
+        ("jigsaw_queue_gpus_in_use", "GPUs held by the queue's jobs.", lambda q: q.gpus_in_use),
+        (
+            "jigsaw_queue_borrowed_gpus",
+            "GPUs the queue's jobs hold beyond its quota (lent by idle queues).",
+            lambda q: q.borrowed_gpus,
+        ),
+    ):
+        gauge = GaugeMetricFamily(name, help_text, labels=["queue"])
+        for queue in queues:
+            gauge.add_metric([queue.row.name], value(queue))
+        yield gauge
+    gauge = GaugeMetricFamily(
+        "jigsaw_queue_gpu_quota",
+        "GPUs guaranteed to the queue (absent for a queue whose quota is what the others "
+        "leave, such as default's).",
+        labels=["queue"],
+    )
+    for queue in queues:
+        if queue.row.quota is not None:
+            gauge.add_metric([queue.row.name], queue.row.quota)
+    yield gauge
 
 
 class ApiMetrics:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from scheduler.models.nodes import NodeChange
+from scheduler.models.queues import QueueInfo
 from scheduler.models.users import USER_NAME_PATTERN, TokenInfo
 from scheduler.orm import Allocation, Event, Job, JobLog, ModelProfile, SchedulerRound
 
@@ -33,8 +34,8 @@ _ERROR_MEANINGS = {
     400: "The body could not be parsed.",
     401: "No bearer token, or an invalid or revoked one.",
     403: "The token may not do this (an agent token, or a non-admin).",
-    404: "No such job or profile, or not the caller's.",
-    409: "The job's state does not allow this action; nothing changed.",
+    404: "No such job, profile, node or queue, or not the caller's.",
+    409: "The job's state (or the queues as they are) does not allow this; nothing changed.",
     413: "The body is larger than settings.api.max_body_bytes; it was not read.",
     422: "Invalid input: `details` names each field (a NUL character, a NaN, a duplicate "
     "key, a value of the wrong type...).",
@@ -53,6 +54,11 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 V1_ERRORS = error_responses(401, 403, 413, 422)
 
 
+class QueuePosition(BaseModel):
+    queue: int = Field(description="1 = next among its queue's waiting jobs.")
+    overall: int = Field(description="1 = next among all waiting jobs.")
+
+
 class JobOut(BaseModel):
     id: int
     name: str
@@ -63,8 +69,19 @@ class JobOut(BaseModel):
     state: str
     message: str
     pending_reason: str | None = Field(
-        description="Why this waiting job cannot be placed: no capacity of the cluster "
-        "can hold it (null while it could be, or is not waiting)."
+        description="Why this waiting job did not start in the scheduler's last round: no "
+        "capacity of the cluster can hold it, its queue is at its quota or fair share, too "
+        "few GPUs are free, jobs ahead of it wait (null while it is not waiting)."
+    )
+    position: QueuePosition | None = Field(
+        default=None,
+        description="Where this waiting job stands in the order queues are served "
+        "(priority, then submission); null while it is not waiting.",
+    )
+    estimated_start_at: datetime | None = Field(
+        default=None,
+        description="When this waiting job is expected to start, where the policy can tell "
+        "(FIFO, every job ahead with a measured speed); null otherwise.",
     )
     attempts: int
     failures: int = Field(description="Crashes of its training processes so far.")
@@ -77,7 +94,7 @@ class JobOut(BaseModel):
     finished_at: datetime | None
 
     @classmethod
-    def of(cls, job: Job, owner: str) -> JobOut:
+    def of(cls, job: Job, owner: str, position: tuple[int, int] | None = None) -> JobOut:
         return cls(
             id=job.id,
             name=job.name,
@@ -88,6 +105,10 @@ class JobOut(BaseModel):
             state=job.state,
             message=job.message,
             pending_reason=job.pending_reason,
+            position=None
+            if position is None
+            else QueuePosition(queue=position[0], overall=position[1]),
+            estimated_start_at=job.estimated_start_at if position is not None else None,
             attempts=job.attempts,
             failures=job.failures,
             iterations_done=job.iterations_done,
@@ -454,3 +475,89 @@ class NodeChangeOut(BaseModel):
             jobs_suspended=change.suspended,
             jobs_requeued=change.requeued,
         )
+
+
+# Queue names are what job specs name (jigsaw.jobspec: 1-64 characters).
+QUEUE_NAME_PATTERN = r"^[A-Za-z0-9][-_.A-Za-z0-9]{0,63}$"
+
+
+class QueueFields(BaseModel):
+    """What an admin sets on a queue; every field may be changed later."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    quota: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="GPUs guaranteed while its jobs want them (null: what the other "
+        "queues' quotas leave of the cluster or of its parent).",
+    )
+    borrowing_limit: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000,
+        description="How many idle GPUs of other queues it may use beyond its quota "
+        "(null: no limit; 0: never borrows).",
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        allow_inf_nan=False,
+        description="Its share of what is left after guarantees, against the other borrowers'.",
+    )
+    parent: str | None = Field(
+        default=None,
+        pattern=QUEUE_NAME_PATTERN,
+        description="A top-level queue whose allowance it shares with its siblings (one "
+        "level: an organisation and its teams).",
+    )
+    users: list[Annotated[str, Field(pattern=USER_NAME_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="User names that may submit to it (empty: everyone).",
+    )
+
+
+class QueueIn(QueueFields):
+    name: str = Field(pattern=QUEUE_NAME_PATTERN, description="Its unique name.")
+
+
+class QueuePatch(QueueFields):
+    """Only the fields sent change (send null to clear quota, borrowing limit, parent)."""
+
+
+class QueueOut(BaseModel):
+    name: str
+    quota: int | None
+    borrowing_limit: int | None
+    weight: float
+    parent: str | None
+    users: list[str]
+    pending_jobs: int = Field(description="Jobs waiting for GPUs.")
+    admitted_jobs: int = Field(description="Jobs holding GPUs.")
+    gpus_in_use: int
+    borrowed_gpus: int = Field(description="GPUs held beyond its quota.")
+    created_at: datetime
+
+    @classmethod
+    def of(cls, info: QueueInfo) -> QueueOut:
+        row = info.row
+        return cls(
+            name=row.name,
+            quota=row.quota,
+            borrowing_limit=row.borrowing_limit,
+            weight=row.weight,
+            parent=info.parent,
+            users=list(row.users),
+            pending_jobs=info.pending_jobs,
+            admitted_jobs=info.admitted_jobs,
+            gpus_in_use=info.gpus_in_use,
+            borrowed_gpus=info.borrowed_gpus,
+            created_at=row.created_at,
+        )
+
+
+class QueueList(BaseModel):
+    items: list[QueueOut]

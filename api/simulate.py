@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
@@ -22,13 +23,16 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from api.specfile import SpecFileError, read_spec_file
 from scheduler.core.jobmodel import INTERFERENCE
 from scheduler.core.makespan import makespan_lower_bound
+from scheduler.core.quota import with_quotas
 from scheduler.policies import POLICIES, get_policy, policy_params
 from scheduler.policies.jigsaw.params import CONFIGS
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles
+from scheduler.sim.queues import SimQueues
 from scheduler.sim.trace import PhillyFilter, TraceError, Workload, load_workloads
 
 out = Console(highlight=False)
@@ -120,6 +124,13 @@ def simulate(
     plots: Annotated[
         Path | None, typer.Option(help="Write JCT CDF, utilization and queue PNGs here.")
     ] = None,
+    queues: Annotated[
+        Path | None,
+        typer.Option(
+            help="YAML/JSON file of queues (quota, borrowing_limit, weight, parent, and a "
+            "`jobs` regex on job names); every policy runs inside the quota layer."
+        ),
+    ] = None,
 ) -> None:
     """Replay workloads through scheduling policies on a simulated cluster."""
     names = [n.strip() for n in (policies or policy or "fifo").split(",") if n.strip()]
@@ -144,7 +155,10 @@ def simulate(
                 limit=philly_limit,
             ),
         )
-    except (ValueError, TraceError) as exc:
+        sim_queues = None if queues is None else SimQueues(read_spec_file(queues))
+        if sim_queues is not None:
+            workloads = [replace(w, jobs=sim_queues.assign(w.jobs)) for w in workloads]
+    except (ValueError, TraceError, SpecFileError) as exc:
         raise _bad(str(exc)) from None
     options = SimOptions(
         round_seconds=round_seconds,
@@ -172,10 +186,11 @@ def simulate(
         for load in workloads:
             for name in names:
                 task = progress.add_task(f"{load.name} / {name}", total=len(load.jobs))
+                chosen = get_policy(name, policy_params(name, interference=interference))
                 simulator = Simulator(
                     load.jobs,
                     shape,
-                    get_policy(name, policy_params(name, interference=interference)),
+                    chosen if sim_queues is None else with_quotas(chosen, sim_queues.quotas),
                     workload=load.name,
                     policy_name=name,
                     options=options,

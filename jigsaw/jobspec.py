@@ -248,7 +248,13 @@ class JobSpec(StrictModel):
         default=None, description="Stop when an evaluation reaches this metric value."
     )
     priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
-    queue: str = Field(default="default", min_length=1, max_length=64, description="Queue.")
+    queue: str = Field(
+        default="default",
+        min_length=1,
+        max_length=64,
+        description="The queue it is submitted to (`jigsaw queue list`); it must exist and admit "
+        "the submitting user.",
+    )
     spb: SPBSetting = Field(default="off", description="`off`, `auto`, or a fixed config.")
     backprop: Literal["standard", "ooo"] = Field(
         default="standard", description="Backprop schedule: standard or out-of-order."

@@ -26,15 +26,18 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from scheduler.core import rounds
 from scheduler.core.plan import Placement, Plan, Reconfigure, Resize
+from scheduler.core.quota import QuotaDecision, Quotas, schedule_within
 from scheduler.core.rounds import Decision, RoundResult
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.core.states import TERMINAL, IllegalTransition, JobState, SuspendedBy
 from scheduler.core.validate import validate
+from scheduler.core.waits import UNPLACEABLE, estimated_starts, explain
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import agents, allocations
 from scheduler.models import code as code_models
 from scheduler.models import jobs as job_models
+from scheduler.models import queues as queue_models
 from scheduler.models import resizes as resize_models
 from scheduler.models.nodes import on_drained_node, suspended_to_requeue
 from scheduler.models.rounds import prune_rounds, record_round
@@ -168,8 +171,12 @@ class SchedulerService:
         requeued += self._requeue_drained()
         with transaction(self._factory) as session:
             snapshot = build_snapshot(session, now)
-        self._explain_waits(snapshot, now)
-        plan = self._checked(self._policy(snapshot), snapshot)
+            quotas = queue_models.quotas(session)
+        plan, decision = schedule_within(self._policy, quotas, snapshot)
+        plan = self._checked(plan, snapshot)
+        self._explain_waits(snapshot, plan, decision, quotas, now)
+        if self._telemetry is not None:
+            self._telemetry.observe_quotas(snapshot, plan, decision, quotas)
         suspended, stopped = self._end_runs(plan, now)
         reconfigured = self._reconfigure(plan.reconfigure, now)
         self._ask_resizes(plan.resize, now)
@@ -413,20 +420,25 @@ class SchedulerService:
 
     # -- 4. the plan ----------------------------------------------------------------
 
-    def _explain_waits(self, snapshot: ClusterSnapshot, now: datetime) -> None:
-        """Give every waiting job that no capacity of the cluster can hold its reason,
-        shown by the API, CLI and dashboard (a job asking for 8 GPUs of a 4-GPU cluster
-        would otherwise wait forever saying nothing); clear it once it could be placed."""
-        largest = sum(len(node.gpus) for node in snapshot.nodes if node.alive and node.schedulable)
-        reasons = {
-            job.id: job_models.unplaceable_reason(job.workers, largest)
-            for job in snapshot.jobs
-            if job.waiting
-        }
+    def _explain_waits(
+        self,
+        snapshot: ClusterSnapshot,
+        plan: Plan,
+        decision: QuotaDecision | None,
+        quotas: Quotas,
+        now: datetime,
+    ) -> None:
+        """Give every waiting job the plan does not start its reason (`scheduler.core.
+        waits`: no capacity can ever hold it, its queue has no room, too few GPUs free,
+        jobs ahead of it), shown by the API, CLI and dashboard; a transition clears it."""
+        waits = explain(snapshot, plan, decision, quotas, self._policy_name)
+        reasons = {job_id: wait.text for job_id, wait in waits.items()}
+        starts = estimated_starts(snapshot, plan, decision, self._policy_name)
         with transaction(self._factory) as session:
             changed = job_models.set_pending_reasons(session, reasons, actor=ACTOR, now=now)
+            job_models.set_estimated_starts(session, starts)
         for job_id in changed:
-            if reasons.get(job_id):
+            if job_id in waits and waits[job_id].kind == UNPLACEABLE:
                 self._decide(rounds.UNPLACEABLE, job_id, reason=reasons[job_id])
 
     def _checked(self, plan: Plan, snapshot: ClusterSnapshot) -> Plan:

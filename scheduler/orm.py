@@ -157,6 +157,26 @@ class Agent(Base):
     last_heartbeat_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Queue(Base):
+    """A queue jobs are submitted to: GPUs guaranteed, borrowing, fair-share weight, an
+    optional parent (one level) and who may submit (`users`: names; empty: everyone).
+    The quota layer (`scheduler/core/quota.py`) holds every policy to them."""
+
+    __tablename__ = "queues"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    # NULL: whatever the other queues' quotas leave of the cluster (the default queue's).
+    quota: Mapped[int | None] = mapped_column(Integer, default=None)
+    borrowing_limit: Mapped[int | None] = mapped_column(Integer, default=None)  # NULL: none
+    weight: Mapped[float] = mapped_column(Float, default=1.0, server_default="1")
+    parent_id: Mapped[int | None] = mapped_column(
+        ForeignKey("queues.id", ondelete="RESTRICT"), default=None
+    )
+    users: Mapped[list[str]] = mapped_column(JSON, default=list, server_default="[]")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
@@ -179,6 +199,9 @@ class Job(Base):
     pending_reason: Mapped[str | None] = mapped_column(String(255), default=None)
     # Who suspended a SUSPENDED job (scheduler.core.states.SuspendedBy); NULL otherwise.
     suspended_by: Mapped[str | None] = mapped_column(String(16), default=None)
+    # When the scheduler expects this waiting job to start (`scheduler.core.waits`),
+    # where its policy can tell; read only while the job waits.
+    estimated_start_at: Mapped[datetime | None] = mapped_column(default=None)
     # Placements so far, each the fence (`attempt`) of the run it starts.
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # Crashes of its training processes so far; retried while below spec.max_retries.

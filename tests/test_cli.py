@@ -180,10 +180,10 @@ def test_a_job_no_capacity_can_hold_shows_why(server: Server, tmp_path: Path) ->
         assert time.monotonic() < deadline, "no pending reason"
         time.sleep(0.2)
     shown = " ".join(cli(server.home, "job", str(job_id)).stdout.split())
-    assert f"cannot start {reason}" in shown
+    assert f"waiting {reason} (#" in shown and " in queue default, #" in shown  # its place
     assert "pending" in shown  # its event
     listed = " ".join(cli(server.home, "jobs").stdout.split())
-    assert f"job {job_id} cannot start: {reason}" in listed
+    assert f"job {job_id} waits: {reason} (#" in listed
     assert cli_json(server.home, "cancel", str(job_id))["state"] == "CANCELLED"
 
 
@@ -272,6 +272,37 @@ def test_node_drain_shows_in_cluster_and_remove_is_refused_while_served(server: 
         cli(server.home, "node", "undrain", "virtual-1")
     view = {n["name"]: n for n in cli_json(server.home, "cluster")["nodes"]}
     assert view["virtual-1"]["drained_at"] is None
+
+
+def test_queue_create_list_show_edit_delete(server: Server, tmp_path: Path) -> None:
+    created = cli_json(
+        server.home, "queue", "create", "team-q", "--quota", "2", "--borrowing-limit", "1",
+        "--users", "admin,alice",
+    )  # fmt: skip
+    assert (created["quota"], created["borrowing_limit"], created["users"]) == (
+        2,
+        1,
+        ["admin", "alice"],
+    )
+    assert "team-q" in [q["name"] for q in cli_json(server.home, "queue", "list")["items"]]
+    listed = " ".join(cli(server.home, "queue", "list").stdout.split())
+    assert "team-q - 2 1 1.0" in listed
+    edited = cli_json(server.home, "queue", "edit", "team-q", "--borrowing-limit", "none")
+    assert edited["borrowing_limit"] is None and edited["quota"] == 2
+    shown = " ".join(cli(server.home, "queue", "show", "team-q").stdout.split())
+    assert "quota 2 GPU(s)" in shown and "users admin, alice" in shown
+
+    spec = write_spec(tmp_path / "q.yaml", name="e2e-queue", workers=1, queue="team-q")
+    job_id = cli_json(server.home, "submit", str(spec))["id"]
+    assert wait_for_state(server, job_id, {"SUCCEEDED"})["queue"] == "team-q"
+    assert "deleted" in cli(server.home, "queue", "delete", "team-q").stdout
+
+    refused = cli(server.home, "submit", str(spec), check=False)
+    assert refused.returncode == 1 and "queue" in refused.stderr and "422" in refused.stderr
+    default = cli(server.home, "queue", "delete", "default", check=False)
+    assert default.returncode == 1 and "409" in default.stderr
+    bad = cli(server.home, "queue", "create", "x", "--quota", "many", check=False)
+    assert bad.returncode == 2 and "--quota" in bad.stderr
 
 
 # -- no server needed -----------------------------------------------------------------

@@ -175,7 +175,14 @@ def test_every_page_loads_and_follows_a_training_job(server: Server, browser: ob
     expect(page.locator(f"#jobs tr[data-job='{big}'] .pending-reason")).to_have_text(reason)
     page.goto(f"{server.url}/ui/#/jobs/{big}")
     expect(page.locator(".facts .pending-reason")).to_have_text(reason)
+    expect(page.locator(".facts .position")).to_have_text("#1 in queue default · #1 overall")
     shoot("job-pending")
+    # The queues view: the default queue's use and what waits in it.
+    page.get_by_role("link", name="Queues").click()
+    row = page.locator("#queues tr[data-queue=default]")
+    expect(row).to_contain_text("what others leave")
+    expect(row.locator("td").nth(8)).to_have_text("1")  # the big job pends
+    shoot("queues")
     api.post(f"/v1/jobs/{big}/cancel")
 
     # Cancelling from the job page, then signing out.

@@ -535,8 +535,10 @@ def test_a_job_no_capacity_can_hold_says_why_until_it_can_be_placed(
     add_nodes(factory, {"b": 4})
     loop.run_round(T0)
     with factory() as session:
-        assert session.get_one(Job, big).pending_reason is None
-    # Placed once a/b free up enough: the 2-GPU job still holds two of a's.
+        # It could be placed now, once the 2-GPU job gives two of a's back.
+        assert session.get_one(Job, big).pending_reason == (
+            "needs 8 GPUs on 2 node(s); largest free gang is 6"
+        )
     assert state(factory, big) is JobState.QUEUED
     with transaction(factory) as session:
         cancel(session, session.get_one(Job, small), Principal("user", None, "alice", False))

@@ -29,6 +29,7 @@ from scheduler.db import transaction
 from scheduler.models import code as code_models
 from scheduler.models import jobs as job_models
 from scheduler.models import metrics as metric_models
+from scheduler.models import queues as queue_models
 from scheduler.models.users import Principal
 from scheduler.orm import Job
 
@@ -48,11 +49,17 @@ def _owned(session: Session, job_id: int, viewer: Principal) -> Job:
     return job
 
 
+def _out(session: Session, job: Job, owner: str) -> JobOut:
+    """The job with its place among the waiting jobs, if it waits."""
+    return JobOut.of(job, owner, queue_models.waiting_positions(session, [job.id]).get(job.id))
+
+
 @router.post("", status_code=201, responses=error_responses(400))
 def submit_job(request: Request, spec: JobSpec, user: User, factory: Factory) -> JobOut:
-    """Queue a job; it belongs to the caller. One asking for more GPUs than the cluster
-    has ever registered is refused (422) unless settings.api.refuse_unplaceable is off;
-    a job that waits because no capacity can hold it says why in `pending_reason`. A
+    """Queue a job; it belongs to the caller. Its `queue` must exist and admit the
+    caller (422 otherwise). One asking for more GPUs than the cluster has ever
+    registered is refused (422) unless settings.api.refuse_unplaceable is off; a job
+    that waits says why in `pending_reason` and where it stands in `position`. A
     spec's `code` must name an archive uploaded with POST /v1/code (else 422)."""
     with transaction(factory) as session:
         if request.app.state.settings.api.refuse_unplaceable:
@@ -76,8 +83,13 @@ def submit_job(request: Request, spec: JobSpec, user: User, factory: Factory) ->
             raise ApiProblem(
                 422, f"invalid request: code: {message}", [{"loc": "code", "message": message}]
             )
+        refusal = queue_models.submit_refusal(session, spec.queue, user.user_name)
+        if refusal is not None:
+            raise ApiProblem(
+                422, f"invalid request: queue: {refusal}", [{"loc": "queue", "message": refusal}]
+            )
         job = job_models.submit(session, spec, user)
-        return JobOut.of(job, user.user_name)
+        return _out(session, job, user.user_name)
 
 
 @router.get("")
@@ -111,7 +123,8 @@ def list_jobs(
         rows, total = job_models.list_jobs(
             session, user, states=state or (), owner=owner, after_id=after, limit=limit + 1
         )
-        items = [JobOut.of(job, name) for job, name in rows[:limit]]
+        positions = queue_models.waiting_positions(session, [job.id for job, _ in rows[:limit]])
+        items = [JobOut.of(job, name, positions.get(job.id)) for job, name in rows[:limit]]
     next_after = items[-1].id if len(rows) > limit else None
     return JobPage(items=items, total=total, next_after=next_after)
 
@@ -120,7 +133,7 @@ def list_jobs(
 def get_job(job_id: JobId, user: User, factory: Factory) -> JobOut:
     with transaction(factory) as session:
         job = _owned(session, job_id, user)
-        return JobOut.of(job, job.owner.name)
+        return _out(session, job, job.owner.name)
 
 
 @router.post("/{job_id}/cancel", responses=_ACTION_ERRORS)

@@ -75,6 +75,7 @@ class JobView:
     max_iterations: int | None = None  # its spec's (None: it ends at a target metric)
     # The worker counts it may run on, largest first (empty: `workers` alone).
     sizes: tuple[int, ...] = ()
+    queue: str = "default"  # the queue it was submitted to (scheduler.core.quota)
 
     @cached_property
     def waiting(self) -> bool:

@@ -136,20 +136,10 @@ def resume(session: Session, job: Job, actor: Principal) -> Job:
 _WAITING = (JobState.QUEUED.value, JobState.SUSPENDED.value)
 
 
-def unplaceable_reason(workers: int, largest_gang: int) -> str | None:
-    """Why a job of `workers` GPUs cannot be placed while the alive, schedulable nodes
-    hold `largest_gang` GPUs in all; None when it could be."""
-    if workers <= largest_gang:
-        return None
-    if largest_gang == 0:
-        return f"needs {workers} GPU(s); no alive, schedulable node has any"
-    return f"needs {workers} GPUs; the largest gang this cluster can form is {largest_gang}"
-
-
 def set_pending_reasons(
     session: Session, reasons: Mapping[int, str | None], *, actor: str, now: datetime
 ) -> list[int]:
-    """Store why each waiting job in `reasons` cannot be placed (None: it can be), with a
+    """Store why each waiting job in `reasons` did not start (None: it did), with a
     `pending` event where a reason appears or changes; the jobs whose reason changed.
 
     A job that stopped waiting meanwhile is left alone (its transition cleared it)."""
@@ -179,6 +169,27 @@ def set_pending_reasons(
                 Event(job_id=job_id, kind="pending", actor=actor, message=reason, created_at=now)
             )
     return sorted(changed)
+
+
+def set_estimated_starts(session: Session, starts: Mapping[int, datetime]) -> None:
+    """Store when each waiting job is expected to start; clear it for the other
+    waiting jobs that had one."""
+    stored = dict(
+        session.execute(
+            select(Job.id, Job.estimated_start_at).where(
+                Job.state.in_(_WAITING), Job.estimated_start_at.is_not(None)
+            )
+        ).all()
+    )
+    for job_id in set(starts) | set(stored):
+        when = starts.get(job_id)
+        if when != stored.get(job_id):
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.state.in_(_WAITING))
+                .values(estimated_start_at=when)
+                .execution_options(synchronize_session=False)
+            )
 
 
 def gpus_registered(session: Session) -> int:

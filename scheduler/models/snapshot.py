@@ -119,6 +119,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             spb_setting=_SPB_SETTING.validate_python(job.spec.get("spb", "off")),
             max_iterations=job.spec.get("max_iterations"),
             sizes=_sizes(job.spec),
+            queue=str(job.spec.get("queue") or "default"),
         )
         for job in rows
     )

@@ -250,6 +250,7 @@ class Simulator:
             priority=record.trace.priority,
             workers=record.trace.workers,
             created_at=EPOCH + timedelta(seconds=record.submit),
+            queue=record.trace.queue,
             allocated_gpu_ids=record.gpus,
             iterations_done=int(record.progress),
             spb=record.config,

@@ -9,7 +9,7 @@ read is reported with its line number and skipped, or refused with the whole fil
 - Philly (`philly.csv`): `timestamp,duration,num_gpus,gpu_time,cluster`; a job runs
   `duration` seconds on its GPUs (one "iteration" per second), whatever the placement.
 - Project CSV: `name,submit_seconds,workers,iterations,step_seconds` and optionally
-  `sync_seconds`, `workload`, `priority`.
+  `sync_seconds`, `workload`, `priority`, `queue`.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class TraceJob:
     priority: int = 0
     batch_size: int = 0  # global (0: unknown, the SPB profile's own per GPU)
     max_micro_batch: float = 0.0  # largest per-GPU batch that fits (beyond: accumulation)
+    queue: str = "default"  # the quota layer's queue (`jigsaw simulate --queues`)
 
     def micro_batch_at(self, workers: int) -> float:
         """Per-GPU batch run on `workers` GPUs (0: unknown)."""
@@ -278,4 +279,5 @@ def _project_row(row: dict[str, str]) -> TraceJob:
         ),
         workload=row.get("workload") or "generic",
         priority=int(row["priority"]) if row.get("priority") else 0,
+        queue=row.get("queue") or "default",
     )

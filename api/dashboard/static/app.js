@@ -4,6 +4,7 @@ import { h } from "./format.js";
 import { clusterView } from "./cluster.js";
 import { jobsView } from "./jobs.js";
 import { jobView } from "./job.js";
+import { queuesView } from "./queues.js";
 import { schedulerView } from "./scheduler.js";
 
 const POLL_MS = 2000;
@@ -19,6 +20,7 @@ function route() {
   const parts = path.split("/").filter(Boolean);
   if (parts[0] === "jobs" && parts[1]) return { name: "jobs", make: () => jobView(Number(parts[1])) };
   if (parts[0] === "jobs") return { name: "jobs", make: jobsView };
+  if (parts[0] === "queues") return { name: "queues", make: queuesView };
   if (parts[0] === "scheduler") return { name: "scheduler", make: schedulerView };
   return { name: "cluster", make: clusterView };
 }

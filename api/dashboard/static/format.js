@@ -82,3 +82,8 @@ export function jobColor(jobId) {
 
 export const STATES = ["QUEUED", "SCHEDULED", "RUNNING", "SUSPENDED", "SUCCEEDED", "FAILED", "CANCELLED"];
 export const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED"]);
+
+// Where a waiting job stands: in its queue and among all waiting jobs.
+export function positionText(job) {
+  return `#${job.position.queue} in queue ${job.queue} · #${job.position.overall} overall`;
+}

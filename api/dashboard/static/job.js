@@ -1,7 +1,7 @@
 // Job view: facts and actions, per-iteration charts, leases (SPB), events and logs.
 import { api } from "./api.js";
 import { lineChart } from "./charts.js";
-import { badge, clock, duration, h, jct, number, spbText, TERMINAL, timestamp } from "./format.js";
+import { badge, clock, duration, h, jct, number, positionText, spbText, TERMINAL, timestamp } from "./format.js";
 
 const COLORS = { main: "#2563eb", compute: "#059669", comm: "#d97706", step: "#6b7280" };
 const LOG_LINES = 2000; // kept in the page; older lines scroll away
@@ -99,7 +99,10 @@ export function jobView(jobId) {
       header.replaceChildren(
         h("h1", {}, `#${job.id} ${job.name} `, badge(job.state)),
         h("dl", { class: "facts panel" },
-          job.pending_reason ? [h("dt", {}, "Cannot start"), h("dd", { class: "pending-reason" }, job.pending_reason)] : [],
+          job.pending_reason ? [h("dt", {}, "Waiting"), h("dd", { class: "pending-reason" }, job.pending_reason)] : [],
+          job.position ? [h("dt", {}, "Position"), h("dd", { class: "position" }, positionText(job))] : [],
+          job.estimated_start_at ? [h("dt", {}, "Expected start"), h("dd", {}, timestamp(job.estimated_start_at))] : [],
+          h("dt", {}, "Queue"), h("dd", {}, h("a", { href: "#/queues" }, job.queue)),
           h("dt", {}, "Owner"), h("dd", {}, job.owner),
           h("dt", {}, "Workload"), h("dd", {}, h("code", {}, job.spec.workload)),
           h("dt", {}, "GPUs · priority"), h("dd", {}, `${job.workers} · ${job.priority}`),

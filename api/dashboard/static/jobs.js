@@ -1,6 +1,6 @@
 // Jobs view: a filterable table, paged newest first with the API's keyset cursor.
 import { api } from "./api.js";
-import { ago, badge, bar, duration, h, jct, STATES, TERMINAL } from "./format.js";
+import { ago, badge, bar, duration, h, jct, positionText, STATES, TERMINAL } from "./format.js";
 
 const PAGE = 25;
 
@@ -58,7 +58,8 @@ export function jobsView() {
           h("td", {}, h("a", { href: `#/jobs/${job.id}` }, job.id)),
           h("td", {}, job.name),
           h("td", {}, badge(job.state),
-            job.pending_reason ? h("div", { class: "pending-reason" }, job.pending_reason) : []),
+            job.pending_reason ? h("div", { class: "pending-reason" }, job.pending_reason) : [],
+            job.position ? h("div", { class: "position muted" }, positionText(job)) : []),
           h("td", {}, job.owner),
           h("td", { class: "num" }, job.priority),
           h("td", { class: "num" }, job.workers),
