@@ -215,7 +215,7 @@ def test_a_real_agent_runs_two_jobs_on_one_gpu_and_refuses_a_third(
             allocate(endpoint, job_id, {0: 0})
             with endpoint.factory() as session:
                 spec = session.get_one(Job, job_id).spec
-            worker = Worker(0, gpu.id, gpu.node_id, "node-a", 0)
+            worker = Worker(0, gpu.id, gpu.node_id, "node-a", 0, "127.0.0.1")
             placement = Launch(job_id, spec, (worker,), {}, 0, 50, 1, memory_bytes=cap)
             assert endpoint.dispatcher.launch(placement)
 

@@ -41,7 +41,7 @@ def job(
         priority=priority,
         workers=workers,
         created_at=T0 + timedelta(seconds=job_id if created is None else created),
-        spec={"workers": workers, "queue": queue},
+        queue=queue,
     )
 
 
@@ -89,7 +89,7 @@ class Cluster:
         return plan
 
     def held(self, queue: str) -> int:
-        return sum(j.workers for j in self.jobs.values() if j.holding and j.spec["queue"] == queue)
+        return sum(j.workers for j in self.jobs.values() if j.holding and j.queue == queue)
 
     def add(self, *jobs: JobView) -> None:
         for j in jobs:
@@ -104,7 +104,7 @@ def test_a_borrower_gives_lent_gpus_back_within_one_round(name: str) -> None:
 
     world.add(job(5, "b"), job(6, "b"))
     plan = world.round(POLICIES[name], TEAMS)
-    assert len(plan.suspend) == 2 and all(world.jobs[j].spec["queue"] == "a" for j in plan.suspend)
+    assert len(plan.suspend) == 2 and all(world.jobs[j].queue == "a" for j in plan.suspend)
     assert (world.held("a"), world.held("b")) == (2, 2)
     # The suspended borrowers wait to be placed again, not for a user.
     assert all(world.jobs[j].preempted for j in plan.suspend)
@@ -219,7 +219,7 @@ def test_guarantees_hold_whenever_a_queue_has_demand(
                 world.add(job(next_id, names[queue]))
                 next_id += 1
         demand_before = {
-            n: sum(1 for j in world.jobs.values() if j.spec["queue"] == n and not j.state.terminal)
+            n: sum(1 for j in world.jobs.values() if j.queue == n and not j.state.terminal)
             for n in names
         }
         world.round(POLICIES[policy], quotas)

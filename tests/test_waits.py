@@ -40,7 +40,6 @@ def job(job_id: int, workers: int, iterations: int | None, **fields: object) -> 
         priority=0,
         workers=workers,
         created_at=NOW - timedelta(minutes=10 - job_id),
-        spec={"workers": workers},
         model=model,
     )
     return replace(view, **fields)  # type: ignore[arg-type]

@@ -19,9 +19,9 @@ def free_workers(session: Session, gpu_ids: Sequence[int]) -> tuple[Worker, ...]
     """The ranks of a gang on these GPUs (rank r on gpu_ids[r]), or None unless every one
     exists, is held by no job, and is on a schedulable node with a live agent."""
     rows = {
-        gpu_id: (node_id, name, index)
-        for gpu_id, node_id, name, index in session.execute(
-            select(GPU.id, Node.id, Node.name, GPU.index)
+        gpu_id: (node_id, name, index, address)
+        for gpu_id, node_id, name, index, address in session.execute(
+            select(GPU.id, Node.id, Node.name, GPU.index, Node.address)
             .join(Node, Node.id == GPU.node_id)
             .join(Agent, Agent.node_id == Node.id)
             .where(
@@ -40,7 +40,7 @@ def free_workers(session: Session, gpu_ids: Sequence[int]) -> tuple[Worker, ...]
     if held or len(rows) != len(gpu_ids):
         return None
     return tuple(
-        Worker(rank, gpu_id, *rows[gpu_id][:2], rows[gpu_id][2])
+        Worker(rank, gpu_id, *rows[gpu_id])
         for rank, gpu_id in enumerate(gpu_ids)
     )
 
