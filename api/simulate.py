@@ -22,11 +22,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from scheduler.jobmodel import INTERFERENCE
+from scheduler.core.interference import Sharing
 from scheduler.makespan import makespan_lower_bound
 from scheduler.policies import POLICIES, get_policy, policy_params
 from scheduler.policies.jigsaw.params import CONFIGS
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator
+from scheduler.sim.gpus import MEMORY_GIB, SimGPU
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles
 from scheduler.sim.trace import PhillyFilter, TraceError, Workload, load_workloads
@@ -82,7 +83,16 @@ def simulate(
         str | None, typer.Option(help="Comma-separated policies, compared side by side.")
     ] = None,
     cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 16x4.")] = "16x4",
-    gpu_memory_gib: Annotated[float, typer.Option(help="Memory of every GPU.")] = 16.0,
+    gpu: Annotated[
+        SimGPU,
+        typer.Option(
+            help="t4: the applications as profiled; h100: imagenet, cifar10 and bert at "
+            "their measured H100 step time, utilization and memory (docs/results/packing.md)."
+        ),
+    ] = SimGPU.T4,
+    gpu_memory_gib: Annotated[
+        float | None, typer.Option(help="Memory of every GPU (default: the GPU's, 16 or 80).")
+    ] = None,
     arrivals: Annotated[
         Arrivals, typer.Option(help="trace: submission times of the trace; zero: all at time 0.")
     ] = Arrivals.trace,
@@ -100,9 +110,10 @@ def simulate(
     restart_seconds: Annotated[
         float, typer.Option(min=0.0, help="Cost of every (re)start of a job.")
     ] = 30.0,
-    interference: Annotated[
-        float, typer.Option(min=0.0, help="Slowdown of jobs sharing a GPU (0.2 = 20%).")
-    ] = INTERFERENCE,
+    sharing: Annotated[
+        Sharing,
+        typer.Option(help="How co-located jobs share a GPU: time-slicing or mps (CUDA MPS)."),
+    ] = Sharing.TIME_SLICING,
     strict: Annotated[
         bool, typer.Option("--strict", help="Refuse a workload with any malformed row.")
     ] = False,
@@ -129,7 +140,7 @@ def simulate(
         if name not in POLICIES:
             raise _bad(f"unknown policy {name!r}: known policies are {', '.join(sorted(POLICIES))}")
     try:
-        shape = ClusterShape.parse(cluster, gpu_memory_gib)
+        shape = ClusterShape.parse(cluster, gpu_memory_gib or MEMORY_GIB[gpu])
         measured = load_profiles(spb_profiles) if spb_profiles else {}
         workloads = load_workloads(
             workload,
@@ -149,7 +160,8 @@ def simulate(
     options = SimOptions(
         round_seconds=round_seconds,
         restart_seconds=restart_seconds,
-        interference=interference,
+        gpu=gpu,
+        sharing=sharing,
         zero_arrivals=arrivals is Arrivals.zero,
         spb_profiles=measured,
     )
@@ -175,7 +187,7 @@ def simulate(
                 simulator = Simulator(
                     load.jobs,
                     shape,
-                    get_policy(name, policy_params(name, interference=interference)),
+                    get_policy(name, policy_params(name, sharing=sharing)),
                     workload=load.name,
                     policy_name=name,
                     options=options,

@@ -18,9 +18,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import SPBConfig
+from scheduler.core.interference import Sharing
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import SimulatedDispatcher
-from scheduler.jobmodel import INTERFERENCE
 from scheduler.loop import SchedulerService
 from scheduler.models.metrics import record
 from scheduler.models.profiles import save_profile
@@ -112,7 +112,7 @@ def test_replayed_snapshots_give_the_plans_of_the_real_loop(
     assert states == {JobState.SUCCEEDED.value}
 
     monkeypatch.undo()  # the replay asks for the policy as the simulator does
-    replay = get_policy("jigsaw", policy_params("jigsaw", interference=INTERFERENCE))
+    replay = get_policy("jigsaw", policy_params("jigsaw", sharing=Sharing.TIME_SLICING))
     snapshots = [pickle.loads(frozen) for frozen, _ in recorded]
     assert [replay(snapshot) for snapshot in snapshots] == [plan for _, plan in recorded]
 
