@@ -24,12 +24,13 @@ from rich.progress import (
 from rich.table import Table
 
 from api.specfile import SpecFileError, read_spec_file
-from scheduler.core.jobmodel import INTERFERENCE
+from scheduler.core.interference import Sharing
 from scheduler.core.makespan import makespan_lower_bound
 from scheduler.core.quota import with_quotas
 from scheduler.policies import POLICIES, get_policy, policy_params
 from scheduler.policies.jigsaw.params import CONFIGS
 from scheduler.sim.engine import ClusterShape, SimOptions, SimResult, SimulationStuck, Simulator
+from scheduler.sim.gpus import MEMORY_GIB, SimGPU
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import load_profiles
 from scheduler.sim.queues import SimQueues
@@ -86,7 +87,16 @@ def simulate(
         str | None, typer.Option(help="Comma-separated policies, compared side by side.")
     ] = None,
     cluster: Annotated[str, typer.Option(help="NODESxGPUS, e.g. 16x4.")] = "16x4",
-    gpu_memory_gib: Annotated[float, typer.Option(help="Memory of every GPU.")] = 16.0,
+    gpu: Annotated[
+        SimGPU,
+        typer.Option(
+            help="t4: the applications as profiled; h100: imagenet, cifar10 and bert at "
+            "their measured H100 step time, utilization and memory (docs/results/packing.md)."
+        ),
+    ] = SimGPU.T4,
+    gpu_memory_gib: Annotated[
+        float | None, typer.Option(help="Memory of every GPU (default: the GPU's, 16 or 80).")
+    ] = None,
     arrivals: Annotated[
         Arrivals, typer.Option(help="trace: submission times of the trace; zero: all at time 0.")
     ] = Arrivals.trace,
@@ -104,9 +114,10 @@ def simulate(
     restart_seconds: Annotated[
         float, typer.Option(min=0.0, help="Cost of every (re)start of a job.")
     ] = 30.0,
-    interference: Annotated[
-        float, typer.Option(min=0.0, help="Slowdown of jobs sharing a GPU (0.2 = 20%).")
-    ] = INTERFERENCE,
+    sharing: Annotated[
+        Sharing,
+        typer.Option(help="How co-located jobs share a GPU: time-slicing or mps (CUDA MPS)."),
+    ] = Sharing.TIME_SLICING,
     strict: Annotated[
         bool, typer.Option("--strict", help="Refuse a workload with any malformed row.")
     ] = False,
@@ -140,7 +151,7 @@ def simulate(
         if name not in POLICIES:
             raise _bad(f"unknown policy {name!r}: known policies are {', '.join(sorted(POLICIES))}")
     try:
-        shape = ClusterShape.parse(cluster, gpu_memory_gib)
+        shape = ClusterShape.parse(cluster, gpu_memory_gib or MEMORY_GIB[gpu])
         measured = load_profiles(spb_profiles) if spb_profiles else {}
         workloads = load_workloads(
             workload,
@@ -163,7 +174,8 @@ def simulate(
     options = SimOptions(
         round_seconds=round_seconds,
         restart_seconds=restart_seconds,
-        interference=interference,
+        gpu=gpu,
+        sharing=sharing,
         zero_arrivals=arrivals is Arrivals.zero,
         spb_profiles=measured,
     )
@@ -186,7 +198,7 @@ def simulate(
         for load in workloads:
             for name in names:
                 task = progress.add_task(f"{load.name} / {name}", total=len(load.jobs))
-                chosen = get_policy(name, policy_params(name, interference=interference))
+                chosen = get_policy(name, policy_params(name, sharing=sharing))
                 simulator = Simulator(
                     load.jobs,
                     shape,

@@ -109,9 +109,9 @@ class SchedulerSettings(BaseSettings):
         default=1.0, gt=0, description="Period of the scheduling round loop."
     )
     policy: str = Field(
-        default="fifo",
-        description="Scheduling policy the loop calls: fifo, srtf, tiresias, gandiva, jigsaw "
-        "or fifo-elastic.",
+        default="jigsaw",
+        description="Scheduling policy the loop calls: jigsaw (the default), fifo, srtf, "
+        "tiresias, gandiva or fifo-elastic.",
     )
     lease_iterations: int = Field(
         default=100,

@@ -78,7 +78,12 @@ def jigsaw_up_with(
     if log_dir is None:
         home.mkdir(parents=True, exist_ok=True)
     log = (log_dir or home) / f"server-{port}.log"
-    env = clean_env(home, **{"JIGSAW_SCHEDULER_ROUND_SECONDS": "0.1", **env_extra})
+    # FIFO by name: these tests assert its first-come order (JigSaw, the default, is
+    # driven live by test_jigsaw_replay).
+    env = clean_env(
+        home,
+        **{"JIGSAW_SCHEDULER_ROUND_SECONDS": "0.1", "JIGSAW_SCHEDULER_POLICY": "fifo", **env_extra},
+    )
     with log.open("wb") as sink:
         proc = subprocess.Popen(
             [*jigsaw, "up", "--port", str(port), *args], env=env, stdout=sink, stderr=sink

@@ -42,7 +42,9 @@ from tests.test_agent_protocol import (
 )
 
 ROGUE = "a-rogue-agent-process"
-SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30)
+SETTINGS = SchedulerSettings(
+    policy="fifo", round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30
+)
 
 
 @pytest.fixture

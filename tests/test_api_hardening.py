@@ -328,7 +328,9 @@ def test_with_refusal_off_it_waits_with_its_reason_shown(live_api: LiveApi) -> N
     with live_api.client(live_api.alice) as alice:
         job = _submit(alice, workers=8)
         factory = session_factory(live_api.engine)
-        SchedulerService(factory, SimulatedDispatcher(10), SchedulerSettings()).run_round()
+        SchedulerService(
+            factory, SimulatedDispatcher(10), SchedulerSettings(policy="fifo")
+        ).run_round()
         shown = alice.get(f"/v1/jobs/{job['id']}").json()
         assert shown["state"] == "QUEUED"
         assert shown["pending_reason"] == (

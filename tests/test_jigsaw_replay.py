@@ -18,7 +18,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import SPBConfig
-from scheduler.core.jobmodel import INTERFERENCE
+from scheduler.core.interference import Sharing
 from scheduler.core.plan import Plan
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.core.states import JobState
@@ -112,7 +112,7 @@ def test_replayed_snapshots_give_the_plans_of_the_real_loop(
     assert states == {JobState.SUCCEEDED.value}
 
     monkeypatch.undo()  # the replay asks for the policy as the simulator does
-    replay = get_policy("jigsaw", policy_params("jigsaw", interference=INTERFERENCE))
+    replay = get_policy("jigsaw", policy_params("jigsaw", sharing=Sharing.TIME_SLICING))
     snapshots = [pickle.loads(frozen) for frozen, _ in recorded]
     assert [replay(snapshot) for snapshot in snapshots] == [plan for _, plan in recorded]
 

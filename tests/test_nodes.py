@@ -29,7 +29,9 @@ from scheduler.policies import fifo
 from scheduler.settings import SchedulerSettings
 from tests.conftest import LiveApi
 
-SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30)
+SETTINGS = SchedulerSettings(
+    policy="fifo", round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30
+)
 SPEC = {"name": "j", "workload": "digits-mlp", "workers": 2, "max_iterations": 1_000_000}
 
 

@@ -45,7 +45,7 @@ def test_rounds_leases_and_totals_through_the_api(
     service = SchedulerService(
         factory,
         SimulatedDispatcher(iterations_per_second=1),
-        SchedulerSettings(lease_iterations=20, agent_timeout_seconds=1e9),
+        SchedulerSettings(policy="fifo", lease_iterations=20, agent_timeout_seconds=1e9),
         telemetry=telemetry,
         leader_name="test:1",
     )

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 
 from jigsaw.jobspec import SPBConfig
 from jigsaw.spb import SPBProfile, StageProfile, as_json, config_key
-from scheduler.core.jobmodel import INTERFERENCE, JobModel, colocation_factors, stretched_step
+from scheduler.core.interference import Sharing, fitted
+from scheduler.core.jobmodel import JobModel, colocation_stretch, stretched_step
 from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.snapshot import ClusterSnapshot, JobView, NodeView
 from scheduler.core.states import JobState
@@ -54,6 +55,7 @@ def model(
     memory: int = 4 * GIB,
     spb: SPBProfile | None = None,
     sizes: dict[int, float] | None = None,
+    utilization: float | None = None,
 ) -> JobModel:
     steps = {workers: {1: (step, sync)}}
     for size, seconds in (sizes or {}).items():
@@ -65,6 +67,7 @@ def model(
         memory_bytes=memory,
         activation_fraction=0.5,
         spb_profile=spb,
+        utilization=utilization,
     )
 
 
@@ -116,10 +119,10 @@ def test_spb_is_chosen_when_fewer_bytes_outweigh_its_price() -> None:
 
 
 def test_a_waiting_job_is_packed_on_partial_workers_without_slowing_the_host() -> None:
-    host_model = model(2, 10_000, step=3.0, spb=profile())
+    host_model = model(2, 10_000, step=3.0, spb=profile(), utilization=0.3)
     # It could run faster on two GPUs: on one only, it would outlast the host by so
     # much that it had to start first (the test of jobs that set the makespan).
-    guest_model = model(1, 100_000, sizes={2: 0.4})
+    guest_model = model(1, 100_000, sizes={2: 0.4}, utilization=0.3)
     host = job(1, 2, host_model, state=JobState.RUNNING, gpus=(100, 101))
     guest = job(2, 1, guest_model)
     plan = jigsaw.schedule(snap(nodes(1, 2, held={100: 1, 101: 1}), host, guest))
@@ -131,10 +134,12 @@ def test_a_waiting_job_is_packed_on_partial_workers_without_slowing_the_host() -
     # As the simulator will charge it: the host's pace is its full worker's.
     shape = host_model.shape(QUARTER, 2)
     guest_shape = guest_model.shape(None, 1)
-    factors = colocation_factors(
-        {101: [(1, shape.demands[1]), (2, guest_shape.demands[0])]}, INTERFERENCE
+    assert shape.utilizations is not None and guest_shape.utilizations is not None
+    factors = colocation_stretch(
+        [(1, shape.utilizations[1]), (2, guest_shape.utilizations[0])], fitted().get("v100")
     )
-    assert stretched_step(shape, [1.0, factors[101]]) == shape.step_seconds
+    assert factors[1] > 1.0  # the partial worker is slowed, within its slack
+    assert stretched_step(shape, [1.0, factors[1]]) == shape.step_seconds
 
 
 def test_a_host_keeps_the_configuration_its_guest_was_packed_under() -> None:
@@ -144,13 +149,19 @@ def test_a_host_keeps_the_configuration_its_guest_was_packed_under() -> None:
     host = job(
         1,
         2,
-        model(2, 10_000, step=3.0, spb=profile()),
+        model(2, 10_000, step=3.0, spb=profile(), utilization=0.3),
         state=JobState.RUNNING,
         gpus=(100, 101),
         spb=as_json(QUARTER),
         arrived=600,
     )
-    guest = job(2, 1, model(1, 100_000, sizes={2: 0.4}), state=JobState.RUNNING, gpus=(101,))
+    guest = job(
+        2,
+        1,
+        model(1, 100_000, sizes={2: 0.4}, utilization=0.3),
+        state=JobState.RUNNING,
+        gpus=(101,),
+    )
     (node,) = nodes(1, 2, held={100: 1, 101: 1})
     shared = replace(node, gpus=(node.gpus[0], replace(node.gpus[1], holders=(1, 2))))
     assert jigsaw.schedule(snap((shared,), host, guest)) == Plan()
@@ -158,9 +169,13 @@ def test_a_host_keeps_the_configuration_its_guest_was_packed_under() -> None:
 
 def test_packing_never_over_commits_gpu_memory() -> None:
     host = job(
-        1, 2, model(2, 10_000, step=3.0, spb=profile()), state=JobState.RUNNING, gpus=(100, 101)
+        1,
+        2,
+        model(2, 10_000, step=3.0, spb=profile(), utilization=0.3),
+        state=JobState.RUNNING,
+        gpus=(100, 101),
     )
-    guest = job(2, 1, model(1, 100_000, memory=15 * GIB, sizes={2: 0.4}))
+    guest = job(2, 1, model(1, 100_000, memory=15 * GIB, sizes={2: 0.4}, utilization=0.3))
     plan = jigsaw.schedule(snap(nodes(1, 2, held={100: 1, 101: 1}), host, guest))
     assert plan == Plan()
 
@@ -401,9 +416,9 @@ def test_its_parameters_reach_it_from_the_settings_and_the_simulator_alike(
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 3: 2}  # as unfloored
     assert {p.job_id: len(p.gpu_ids) for p in jigsaw.schedule(crowded).start}[2] == 2
 
-    simulated = policy_params("jigsaw", interference=0.3, round_seconds=60.0)
-    assert simulated == JigsawParams(interference=0.3)
-    assert policy_params("fifo", interference=0.3) is None
+    simulated = policy_params("jigsaw", sharing=Sharing.MPS, round_seconds=60.0)
+    assert simulated == JigsawParams(sharing=Sharing.MPS)
+    assert policy_params("fifo", sharing=Sharing.MPS) is None
     assert settings.policy_params("fifo") is None
 
 
@@ -421,3 +436,90 @@ def test_bad_parameters_are_refused_with_the_field_named(monkeypatch: pytest.Mon
     monkeypatch.setenv("JIGSAW_SCHEDULER_JIGSAW_MAX_GUESTS", "-1")
     with pytest.raises(ValidationError, match="max_guests"):
         SchedulerSettings()
+
+
+def test_the_co_location_rule_is_the_measured_interference_model() -> None:
+    """What JigSaw predicts and the simulator charges for a shared GPU is the fitted
+    model's stretch of each job, fed the workers' solo utilizations; two workers of one
+    job there are one co-runner at their summed utilization."""
+    h100 = fitted().get("h100")
+    assert colocation_stretch([(1, 0.3), (2, 0.45)], h100) == dict(
+        zip((1, 2), h100.stretch([0.3, 0.45]), strict=True)
+    )
+    assert colocation_stretch([(1, 0.3), (1, 0.2), (2, 0.45)], h100) == dict(
+        zip((1, 2), h100.stretch([0.5, 0.45]), strict=True)
+    )
+    assert colocation_stretch([(1, 0.9)], h100) == {1: 1.0}
+    # Not measured: taken as saturating the GPU.
+    assert colocation_stretch([(1, None), (2, 0.2)], h100) == dict(
+        zip((1, 2), h100.stretch([1.0, 0.2]), strict=True)
+    )
+    # A shape's worker utilization is busy-while-computing times its compute share.
+    shape = model(1, 10, step=2.0, sync=1.0, utilization=0.3).shape(None, 1)
+    assert shape.utilizations == (pytest.approx(0.3),)
+    assert shape.intensity == pytest.approx(0.6)
+
+
+def _one_gpu_pair(host_utilization: float | None, guest_utilization: float | None) -> Plan:
+    """A 1-GPU job running alone on a 1-GPU cluster, and a 1-GPU job waiting."""
+    host = job(
+        1,
+        1,
+        model(1, 10_000, step=1.0, utilization=host_utilization),
+        state=JobState.RUNNING,
+        gpus=(100,),
+        arrived=600,
+    )
+    guest = job(2, 1, model(1, 10_000, step=1.0, utilization=guest_utilization))
+    return jigsaw.schedule(snap(nodes(1, 1, held={100: 1}), host, guest))
+
+
+def test_jobs_that_underuse_a_gpu_share_it() -> None:
+    assert _one_gpu_pair(0.3, 0.3).start == (Placement(2, (100,), {}),)
+
+
+def test_nothing_is_packed_on_a_gpu_one_job_saturates() -> None:
+    # The model predicts a loss for any guest beside a saturated job, however light.
+    assert fitted().get("v100").speeds([1.0, 0.1])[0] < 0.5
+    assert _one_gpu_pair(1.0, 0.1) == Plan()
+
+
+def test_a_job_with_no_measured_utilization_is_neither_guest_nor_host() -> None:
+    assert _one_gpu_pair(0.3, None) == Plan()
+    assert _one_gpu_pair(None, 0.3) == Plan()
+
+
+def _packed(host_utilization: float, guest_utilization: float, params: JigsawParams) -> Plan:
+    """A guest already running beside its host on the host's only GPU."""
+    host = job(
+        1,
+        1,
+        model(1, 10_000, utilization=host_utilization),
+        state=JobState.RUNNING,
+        gpus=(100,),
+        arrived=600,
+    )
+    guest = job(
+        2, 1, model(1, 10_000, utilization=guest_utilization), state=JobState.RUNNING, gpus=(100,)
+    )
+    (node,) = nodes(1, 1, held={100: 1})
+    shared = replace(node, gpus=(replace(node.gpus[0], holders=(1, 2)),))
+    return jigsaw.schedule(snap((shared,), host, guest), params)
+
+
+def test_a_guest_yields_when_its_host_slows_past_the_bound() -> None:
+    # Busier co-runners (say, the measured utilization rose): the host's predicted
+    # slowdown on the V100 fit.
+    bound = JigsawParams().yield_slowdown
+    slowdown = fitted().get("v100").stretch([0.5, 0.5])[0]
+    assert bound < slowdown < 1.5
+    assert _packed(0.5, 0.5, JigsawParams()).suspend == (2,)
+    assert _packed(0.5, 0.5, JigsawParams(yield_slowdown=1.5)) == Plan()
+    # Light jobs stay together under the default bound.
+    assert fitted().get("v100").stretch([0.1, 0.1])[0] < bound
+    assert _packed(0.1, 0.1, JigsawParams()) == Plan()
+
+
+def test_jigsaw_is_the_default_policy_of_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("JIGSAW_SCHEDULER_POLICY", raising=False)
+    assert SchedulerSettings().policy == "jigsaw"

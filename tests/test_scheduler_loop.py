@@ -31,7 +31,9 @@ from scheduler.policies import POLICIES, fifo
 from scheduler.settings import SchedulerSettings
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
-SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30)
+SETTINGS = SchedulerSettings(
+    policy="fifo", round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=30
+)
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ from scheduler.sim.trace import load_workloads
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "shared" / "traces" / "pollux" / "workloads"
 PINS = Path(__file__).parent / "data" / "pollux_pins.json"
+# 56 simulations: over four minutes on 2 busy cores since JigSaw packs (each packing
+# round prices co-location per candidate GPU), past the suite's default 300 s.
+pytestmark = pytest.mark.timeout(900)
 CASES = [
     *((policy, "trace") for policy in ("fifo", "srtf", "tiresias", "gandiva", "jigsaw")),
     ("tiresias", "zero"),

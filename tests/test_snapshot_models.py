@@ -297,3 +297,20 @@ def test_a_job_gets_a_priced_profile_of_its_device_and_batch_before_a_newer_one(
         assert stored.one().data["utilization"] == 0.4
     held = {job.id: job.model for job in snapshot(factory).jobs}[holding]
     assert held is not None and held.spb_profile == spb_profile(compute=4.0)
+
+
+def test_a_job_s_utilization_is_what_its_full_backprop_iterations_reported(
+    factory: sessionmaker[Session],
+) -> None:
+    """The interference model's input on the cluster: none reported (or only a value
+    outside [0, 1]) leaves it unknown, and JigSaw then never packs the job."""
+    add_nodes(factory, {"a": 4})
+    measured, silent, absurd = (add_job(factory, workers=1) for _ in range(3))
+    report(factory, measured, range(0, 5), step=1.0, comm=0.0, utilization=0.3)
+    report(factory, measured, range(5, 10), step=1.0, comm=0.0, utilization=0.5)
+    report(factory, silent, range(0, 10), step=1.0, comm=0.0)
+    report(factory, absurd, range(0, 10), step=1.0, comm=0.0, utilization=40.0)
+    models = {job.id: job.model for job in snapshot(factory).jobs}
+    assert models[measured] is not None and models[measured].utilization == pytest.approx(0.4)
+    assert models[silent] is not None and models[silent].utilization is None
+    assert models[absurd] is not None and models[absurd].utilization is None

@@ -4,17 +4,20 @@ The simulator fills a `JobModel` from measured application profiles; on the real
 cluster it comes from the job's measured iterations and its SPB profile when known
 (a policy given no model falls back to what it can do without one). The co-location
 rule is here, not in the simulator, because a policy that packs jobs must predict
-exactly what the simulator (or the cluster) will then charge.
+exactly what the simulator (or the cluster) will then charge: the measured
+interference model of `scheduler.core.interference`, fed each worker's solo
+utilization.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from jigsaw import spb
 from jigsaw.jobspec import SPBConfig
+from scheduler.core.interference import InterferenceModel
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,21 @@ class Shape:
     worker_compute_seconds: tuple[float, ...]  # by rank
     worker_memory_bytes: tuple[int, ...]  # by rank
     steps_ratio: float  # iterations needed relative to full backprop
+    # Fraction of the GPU a worker keeps busy while it computes (None: not measured).
+    intensity: float | None = None
 
     @cached_property
     def demands(self) -> tuple[float, ...]:
-        """Fraction of each worker's GPU the job keeps busy; the rest is slack."""
+        """Fraction of each worker's step spent computing; the rest is slack."""
         return tuple(c / self.step_seconds for c in self.worker_compute_seconds)
+
+    @cached_property
+    def utilizations(self) -> tuple[float, ...] | None:
+        """Each worker's solo GPU utilization (0-1) in this shape: busy while it
+        computes, idle while it waits at the synchronisation (None: not measured)."""
+        if self.intensity is None:
+            return None
+        return tuple(min(1.0, self.intensity * d) for d in self.demands)
 
     @property
     def progress_per_second(self) -> float:
@@ -50,7 +63,9 @@ class JobModel:
     resized to (none: it runs only as asked). `memory_bytes`: per GPU at full
     backprop, `activation_fraction` of it saved activations (what a partial worker
     holds less of). `spb_profile`: the per-stage costs that price SPB configurations
-    (None: SPB not available for this job).
+    (None: SPB not available for this job). `utilization`: the solo GPU utilization
+    (0-1, NVML's) of a worker at full backprop on `workers` GPUs, measured (None: not
+    known, and then the job is never packed).
 
     Compared and hashed by identity: it never changes, so what a policy derives from
     it alone is cached per model (`functools.lru_cache`), and its tables are dicts.
@@ -62,6 +77,7 @@ class JobModel:
     memory_bytes: int = 0
     activation_fraction: float = 0.0
     spb_profile: spb.SPBProfile | None = None
+    utilization: float | None = None
     _shapes: dict[tuple[int, int, tuple[float, float, int] | None], Shape] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
@@ -75,6 +91,17 @@ class JobModel:
         if nodes in by_nodes:
             return by_nodes[nodes]
         return by_nodes[min(by_nodes, key=lambda n: (abs(n - nodes), n))]
+
+    @cached_property
+    def intensity(self) -> float | None:
+        """How busy a worker keeps its GPU while it computes: the measured utilization
+        over the share of the step it computes at the size it asked for (what a shape
+        scales by its own compute share)."""
+        if self.utilization is None:
+            return None
+        step, sync = self.step_at(self.workers, min(self.steps[self.workers]))
+        share = (step - min(sync, step)) / step if step > 0 else 1.0
+        return min(1.0, self.utilization / share) if share > 0 else 1.0
 
     @property
     def alone_step_seconds(self) -> float:
@@ -103,6 +130,7 @@ class JobModel:
                 (compute,) * workers,
                 (self.memory_bytes,) * workers,
                 1.0,
+                self.intensity,
             )
         else:
             full = spb.job_cost(self.spb_profile, None, workers)
@@ -127,6 +155,7 @@ class JobModel:
                 worker_compute,
                 memory,
                 ratio if ratio is not None else float("inf"),
+                self.intensity,
             )
         self._shapes[key] = shape
         return shape
@@ -138,30 +167,20 @@ def _config_fields(config: SPBConfig | None) -> tuple[float, float, int] | None:
     return (config.full_fraction, config.partial_depth, config.rotation_period)
 
 
-# What sharing a GPU costs every job there, past time-slicing (a fraction of its compute): the
-# default of the simulator and of the policies that predict co-location.
-INTERFERENCE = 0.15
-
-
-def colocation_factors(
-    gpu_demands: Mapping[int, Iterable[tuple[int, float]]], interference: float
+def colocation_stretch(
+    workers: Sequence[tuple[int, float | None]], model: InterferenceModel
 ) -> dict[int, float]:
-    """How much each GPU stretches the compute of the workers on it.
-
-    `gpu_demands[gpu]` lists `(job_id, demand)` of every worker there. A GPU with one
-    job runs it at full speed. Jobs sharing a GPU interfere: each worker's compute takes
-    `1 + interference` times longer, and longer still when their demands add up to
-    more than the whole GPU (time-sliced in proportion).
-    """
-    factors: dict[int, float] = {}
-    for gpu, workers in gpu_demands.items():
-        listed = list(workers)
-        jobs = {job_id for job_id, _ in listed}
-        if len(jobs) <= 1:
-            factors[gpu] = 1.0
-        else:
-            factors[gpu] = (1.0 + interference) * max(1.0, sum(d for _, d in listed))
-    return factors
+    """How many times longer each job's compute takes on one GPU shared by `workers`,
+    `(job_id, solo utilization)` of every worker there (None: not measured, taken as
+    saturating). A GPU with one job runs it at full speed; a job with two workers there
+    is one co-runner at their summed utilization."""
+    by_job: dict[int, float] = {}
+    for job_id, utilization in workers:
+        busy = 1.0 if utilization is None else utilization
+        by_job[job_id] = min(1.0, by_job.get(job_id, 0.0) + busy)
+    if len(by_job) < 2:
+        return dict.fromkeys(by_job, 1.0)
+    return dict(zip(by_job, model.stretch(list(by_job.values())), strict=True))
 
 
 def stretched_step(shape: Shape, factors: Iterable[float]) -> float:

@@ -25,6 +25,9 @@ through the `(job_id, iteration)` index):
 - memory: the largest peak rank 0 reported in its recent iterations; unknown, it is
   taken to fill its GPU (the largest in the cluster), so nothing is packed beside it.
   Memory freed by SPB is not assumed: `activation_fraction` stays 0.
+- utilization: the mean GPU utilization (0-1) its recent full-backprop iterations
+  reported, the solo utilization the interference model reads; none reported (or only
+  under SPB), it is None and JigSaw neither packs it nor packs beside it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from jigsaw import spb
@@ -49,12 +52,13 @@ UNKNOWN_ITERATIONS = 10**12  # JobSpec's ceiling for max_iterations
 
 @dataclass(frozen=True)
 class _Speed:
-    """Mean step and communication seconds of some recent iterations, and their peak
-    memory (None: not reported)."""
+    """Mean step and communication seconds of some recent iterations, their peak
+    memory and mean GPU utilization (None: not reported)."""
 
     step_seconds: float
     comm_seconds: float
     peak_memory_bytes: int | None
+    utilization: float | None
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ def job_models(
             steps={job.workers: {1: steps}},
             memory_bytes=max(known) if known else gpu_memory,
             spb_profile=profile,
+            utilization=_solo_utilization(full.get(job.id)),
         )
     return models
 
@@ -109,6 +114,13 @@ def _recent_speeds(
             func.avg(IterationMetric.step_seconds),
             func.avg(IterationMetric.comm_seconds),
             func.max(IterationMetric.peak_memory_bytes),
+            # Solo utilization: what the job keeps busy alone, not beside co-runners.
+            func.avg(
+                case(
+                    (IterationMetric.co_runners > 0, None),
+                    else_=IterationMetric.utilization,
+                )
+            ),
         )
         .join(Job, Job.id == IterationMetric.job_id)
         .where(
@@ -119,12 +131,26 @@ def _recent_speeds(
     )
     full: dict[int, _Speed] = {}
     partial: dict[int, _Speed] = {}
-    for job_id, is_full, step, comm, peak in rows:
+    for job_id, is_full, step, comm, peak, busy in rows:
         if not step or step <= 0:
             continue  # no time measured: nothing to price the job with
-        speed = _Speed(float(step), float(comm), None if peak is None else int(peak))
+        speed = _Speed(
+            float(step),
+            float(comm),
+            None if peak is None else int(peak),
+            None if busy is None else float(busy),
+        )
         (full if is_full else partial)[job_id] = speed
     return full, partial
+
+
+def _solo_utilization(speed: _Speed | None) -> float | None:
+    """The utilization a job reported at full backprop, as a fraction in [0, 1]; None
+    when it reported none or a value outside it (agents report fractions; a bad report
+    must not make the job look idle)."""
+    if speed is None or speed.utilization is None:
+        return None
+    return speed.utilization if 0.0 <= speed.utilization <= 1.0 else None
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,8 @@ def get_policy(name: str, params: BaseModel | None = None) -> Policy:
 
 def policy_params(name: str, **values: object) -> BaseModel | None:
     """The named policy's parameters (None: it takes none): its defaults, with `values`
-    for the fields it has, so what a simulation knows of its cluster (the interference
-    it charges) reaches the policies that predict it."""
+    for the fields it has, so what a simulation knows of its cluster (how co-located
+    jobs share its GPUs) reaches the policies that predict it."""
     params = PARAMS.get(name)
     if params is None:
         return None

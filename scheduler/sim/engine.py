@@ -25,18 +25,14 @@ from typing import Any
 
 from jigsaw import spb
 from jigsaw.spb import SPBProfile
-from scheduler.core.jobmodel import (
-    INTERFERENCE,
-    JobModel,
-    Shape,
-    colocation_factors,
-    stretched_step,
-)
+from scheduler.core.interference import Sharing, fitted
+from scheduler.core.jobmodel import JobModel, Shape, colocation_stretch, stretched_step
 from scheduler.core.plan import Plan
 from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
 from scheduler.core.states import JobState
 from scheduler.core.validate import validate
 from scheduler.policies import Policy
+from scheduler.sim.gpus import DEVICE_NAMES, SimGPU, measured_solo
 from scheduler.sim.profiles import memory_per_gpu, profile_for
 from scheduler.sim.trace import MeasuredSpeed, TraceJob
 
@@ -52,7 +48,6 @@ class ClusterShape:
     nodes: int
     gpus_per_node: int
     gpu_memory_bytes: int = 16 << 30
-    kind: str = "sim"
 
     @classmethod
     def parse(cls, text: str, gpu_memory_gib: float = 16.0) -> ClusterShape:
@@ -75,7 +70,8 @@ class ClusterShape:
 class SimOptions:
     round_seconds: float = 60.0  # one lease
     restart_seconds: float = 30.0  # a (re)started job's setup and checkpoint restore
-    interference: float = INTERFERENCE
+    gpu: SimGPU = SimGPU.T4  # what step times, utilization and memory are measured on
+    sharing: Sharing = Sharing.TIME_SLICING  # how co-located jobs share a GPU
     zero_arrivals: bool = False  # submit the whole workload at time 0
     spb_profiles: dict[str, SPBProfile] = field(default_factory=dict)  # measured, by name
 
@@ -104,6 +100,8 @@ class JobRecord:
     reconfigurations: int = 0
     shared: bool = False  # shares a GPU with another job now
     packed_rounds: int = 0
+    packings: int = 0  # times it was placed on GPUs another job held (as a guest)
+    ran_partial: bool = False  # ran under an SPB configuration at some time
 
     def finish_time(self, now: float) -> float:
         left = self.model.iterations_total - self.progress
@@ -129,6 +127,7 @@ class SimResult:
     rounds: int
     conflicts: int  # plan entries the simulated store refused (illegal or over memory)
     busy_gpu_seconds: float
+    packed_gpu_seconds: float = 0.0  # GPU-seconds with more than one job on the GPU
 
 
 class Simulator:
@@ -171,6 +170,9 @@ class Simulator:
         self._touched: set[int] = set()  # jobs reconfigured since speeds were set
         self._views: dict[int, JobView] = {}  # of jobs not running, until they change
         self._by_id = {record.id: record for record in self._records}
+        self._interference = fitted().for_device(
+            DEVICE_NAMES[self.options.gpu], self.options.sharing
+        )
         self.conflicts = 0
 
     @property
@@ -189,19 +191,30 @@ class Simulator:
         if isinstance(trace.speed, MeasuredSpeed):
             most = min(self.cluster.gpus, trace.speed.most_workers)
             sizes.update(1 << k for k in range(most.bit_length()) if 1 << k <= most)
+        solo = measured_solo(self.options.gpu, trace.workload) if trace.batch_size else None
         steps: dict[int, dict[int, tuple[float, float]]] = {}
         for workers in sorted(sizes):
             fewest = math.ceil(workers / per_node)
             most = min(workers, self.cluster.nodes) if trace.speed.elastic else fewest
-            steps[workers] = {
-                nodes: trace.speed.step_time(_spread(workers, nodes, per_node))
-                for nodes in range(fewest, most + 1)
-            }
+            steps[workers] = {}
+            for nodes in range(fewest, most + 1):
+                step, sync = trace.speed.step_time(_spread(workers, nodes, per_node))
+                if solo is not None:  # measured compute there, the profile's network
+                    step = solo.at(trace.batch_size / workers).step_seconds + sync
+                steps[workers][nodes] = (step, sync)
         profile = profile_for(trace.workload, self.options.spb_profiles)
         # Memory at the per-GPU batch of the size it asked for: shrunk, a job is taken to
         # accumulate gradients over micro-batches no larger than that.
         micro = trace.micro_batch_at(trace.workers) or profile.per_worker_batch
         memory, activation_share = memory_per_gpu(profile, micro)
+        # Solo utilization at the size asked for: busy while computing, at the measured
+        # utilization where measured, else saturated (`scheduler.sim.gpus`).
+        step, sync = steps[trace.workers][min(steps[trace.workers])]
+        busy = 1.0
+        if solo is not None:
+            measured = solo.at(trace.batch_size / trace.workers)
+            memory, busy = measured.memory_bytes, measured.utilization
+        utilization = busy * (step - min(sync, step)) / step if step > 0 else busy
         return JobModel(
             iterations_total=trace.iterations,
             workers=trace.workers,
@@ -209,6 +222,7 @@ class Simulator:
             memory_bytes=memory,
             activation_fraction=activation_share,
             spb_profile=profile,
+            utilization=utilization,
         )
 
     def _shape(self, record: JobRecord) -> Shape:
@@ -224,7 +238,7 @@ class Simulator:
             node_id=node,
             node_name=f"node-{node:04d}",
             index=gpu % self.cluster.gpus_per_node,
-            kind=self.cluster.kind,
+            kind=DEVICE_NAMES[self.options.gpu],
             memory_bytes=self.cluster.gpu_memory_bytes,
             holders=tuple(self._holders[gpu]),
         )
@@ -287,6 +301,7 @@ class Simulator:
         finished = 0
         rounds = 0
         busy_seconds = 0.0
+        packed_seconds = 0.0
         now = 0.0
         total = len(self._records)
         while finished < total:
@@ -301,6 +316,7 @@ class Simulator:
             following = max(math.ceil(upcoming / step) * step, now + step if rounds else 0.0)
             # 2. progress and ends until then
             busy_until: dict[int, float] = {}
+            packed_seconds += self._shared_seconds(running, now, following)
             for record in list(running.values()):
                 end = record.finish_time(now)
                 for gpu in record.gpus:
@@ -364,7 +380,17 @@ class Simulator:
             rounds=rounds,
             conflicts=self.conflicts,
             busy_gpu_seconds=busy_seconds,
+            packed_gpu_seconds=packed_seconds,
         )
+
+    def _shared_seconds(self, running: dict[int, JobRecord], now: float, until: float) -> float:
+        """GPU-seconds from `now` to `until` with more than one running job on the GPU."""
+        total = 0.0
+        for holders in self._holders:
+            if len(holders) > 1:
+                ends = sorted(min(running[j].finish_time(now), until) for j in holders)
+                total += max(ends[-2] - now, 0.0)  # shared until all but one have left
+        return total
 
     def _apply(
         self, plan: Plan, snapshot: ClusterSnapshot, now: float, running: dict[int, JobRecord]
@@ -391,15 +417,19 @@ class Simulator:
             record = self._by_id[change.job_id]
             if record.config != change.spb:
                 record.config = dict(change.spb)
+                record.ran_partial |= bool(record.config)
                 record.reconfigurations += 1
                 self._touched.add(record.id)
         for placement in plan.start:
             record = self._by_id[placement.job_id]
             self._views.pop(record.id, None)
+            if any(self._holders[g] for g in placement.gpu_ids):
+                record.packings += 1
             record.state = JobState.RUNNING  # SCHEDULED, then acknowledged at once
             record.preempted = False
             record.gpus = tuple(placement.gpu_ids)
             record.config = dict(placement.spb)
+            record.ran_partial |= bool(record.config)
             record.held_since = now
             record.ready_at = now + self.options.restart_seconds
             if record.first_start is None:
@@ -424,22 +454,23 @@ class Simulator:
             if record.id not in touched and not any(g in changed for g in record.gpus):
                 continue
             shape = self._shape(record)
-            demands = {
-                gpu: [(j, self._demand(j, gpu)) for j in self._holders[gpu]]
+            stretch = [
+                colocation_stretch(
+                    [(j, self._utilization(j, gpu)) for j in self._holders[gpu]],
+                    self._interference,
+                )[record.id]
                 for gpu in record.gpus
-                if len(self._holders[gpu]) > 1
-            }
-            factors = colocation_factors(demands, self.options.interference)
-            stretch = [factors.get(g, 1.0) for g in record.gpus]
-            record.shared = any(f > 1.0 for f in stretch)
+            ]
+            record.shared = any(len(self._holders[g]) > 1 for g in record.gpus)
             record.rate = 1.0 / (stretched_step(shape, stretch) * shape.steps_ratio)
         for record in running.values():
             if record.shared:
                 record.packed_rounds += 1
 
-    def _demand(self, job_id: int, gpu: int) -> float:
+    def _utilization(self, job_id: int, gpu: int) -> float | None:
         record = self._by_id[job_id]
-        return self._shape(record).demands[record.gpus.index(gpu)]
+        utilizations = self._shape(record).utilizations
+        return None if utilizations is None else utilizations[record.gpus.index(gpu)]
 
 
 def _spread(workers: int, nodes: int, per_node: int) -> tuple[int, ...]:

@@ -29,6 +29,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
       backprop (the issue's definition; meaningful with `--arrivals zero`).
     - finish-time fairness: each job's JCT over its run time alone (1 = as if it had
       the GPUs it asked for to itself from submission); mean and worst.
+    - spb_jobs: jobs that ran under an SPB configuration at some time; packings: guest
+      placements (a job started on GPUs another job held); packed_gpu_seconds:
+      GPU-seconds with more than one job on the GPU.
     """
     done = [r for r in result.jobs if r.finish is not None]
     jct = [r.finish - r.submit for r in done if r.finish is not None]
@@ -55,7 +58,9 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "max_finish_time_fairness": max(ratio, default=0.0),
         "suspensions": sum(r.suspensions for r in result.jobs),
         "reconfigurations": sum(r.reconfigurations for r in result.jobs),
-        "spb_jobs": sum(1 for r in result.jobs if r.reconfigurations or r.config),
+        "spb_jobs": sum(1 for r in result.jobs if r.ran_partial),
+        "packings": sum(r.packings for r in result.jobs),
+        "packed_gpu_seconds": result.packed_gpu_seconds,
         "packed_job_rounds": sum(r.packed_rounds for r in result.jobs),
         "rounds": result.rounds,
         "conflicts": result.conflicts,

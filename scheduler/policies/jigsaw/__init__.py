@@ -52,11 +52,15 @@ over jobs divided by the GPUs. Each round:
    when that raises the cluster's useful progress. A guest's workers go first on the
    partial workers of hosts switched to an SPB configuration (whose idle time and freed
    activation memory host it without slowing the host, whose pace its full workers
-   set), then on GPUs whose jobs leave them idle during synchronisation. Sharing a GPU
-   costs every job there `interference` and, past the whole GPU, time-slicing (the
-   rule of `scheduler.core.jobmodel.colocation_factors`); GPU memory is never
-   over-committed. A guest is placed only when the gain net of what its hosts lose is
-   at least `min_gain` GPUs.
+   set), then on GPUs whose jobs leave underused (idle during synchronisation, or
+   busy at a fraction of the GPU while computing). What sharing a GPU costs each job
+   there is the measured interference model of the GPU's generation and `sharing`
+   mode, fed every worker's solo utilization (`scheduler.core.jobmodel.colocation_stretch`):
+   a GPU one job saturates predicts a loss for any guest, and a job whose utilization
+   is not known (on the cluster: not reported yet) is neither guest nor host. GPU
+   memory is never over-committed. A guest is placed only when the gain net of what
+   its hosts lose is at least `min_gain` GPUs, and yields at the next lease boundary
+   once a host's iteration takes more than `yield_slowdown` times as long as alone.
 
 The steps are modules of this package: `ordering` (1), `sizing` and `growth` (2),
 `spb_choice` (3), `packing` (4); `params.JigsawParams` holds every constant named here,
@@ -77,6 +81,7 @@ packed."""
 from __future__ import annotations
 
 from jigsaw import spb
+from scheduler.core.interference import fitted
 from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.snapshot import ClusterSnapshot, GPUView
 from scheduler.policies.jigsaw import growth, ordering, packing, sizing, spb_choice
@@ -93,8 +98,9 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
     """One round: the steps of the module docstring, each a function of its own."""
     usable = _usable(snapshot)
     every = snapshot.gpus_by_id()
+    fits = fitted()
     layout = Layout(
-        params.interference,
+        {g.id: fits.for_device(g.kind, params.sharing) for g in every.values()},
         node_of={g.id: g.node_id for g in every.values()},
         memory_of={g.id: g.memory_bytes for g in every.values()},
     )
@@ -134,7 +140,7 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
             params,
         )
         started, moved = [*started, *regrown], [*moved, *regrown]
-    kept_guests = growth.keep_guests(ordered, guests, layout, usable)
+    kept_guests = growth.keep_guests(ordered, guests, layout, usable, params.yield_slowdown)
 
     # 3. Choose SPB configurations; 4. pack waiting jobs as guests.
     spb_choice.choose(layout, kept_guests, params)

@@ -139,10 +139,16 @@ def _tail_first(
 
 
 def keep_guests(
-    ordered: list[JobView], guests: set[int], layout: Layout, usable: dict[int, GPUView]
+    ordered: list[JobView],
+    guests: set[int],
+    layout: Layout,
+    usable: dict[int, GPUView],
+    yield_slowdown: float,
 ) -> set[int]:
     """Put the guests not placed on GPUs of their own back where they are packed (on
-    usable GPUs); the guests so kept."""
+    usable GPUs), unless a host there would then take more than `yield_slowdown` times
+    as long per iteration as alone (the guest yields: it is suspended and waits); the
+    guests so kept."""
     kept: set[int] = set()
     for job in ordered:
         if (
@@ -151,5 +157,9 @@ def keep_guests(
             and all(g in usable for g in job.allocated_gpu_ids)
         ):
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
+            hosts = {h for g in job.allocated_gpu_ids for h in layout.on_gpu[g] if h != job.id}
+            if any(layout.slowdown(h) > yield_slowdown for h in hosts if h not in guests):
+                layout.take(job.id)
+                continue
             kept.add(job.id)
     return kept

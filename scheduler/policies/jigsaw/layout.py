@@ -7,7 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from jigsaw.jobspec import SPBConfig
-from scheduler.core.jobmodel import Shape, colocation_factors, stretched_step
+from scheduler.core.interference import InterferenceModel
+from scheduler.core.jobmodel import Shape, colocation_stretch, stretched_step
 from scheduler.core.snapshot import ClusterSnapshot, JobView
 
 
@@ -15,7 +16,7 @@ from scheduler.core.snapshot import ClusterSnapshot, JobView
 class Layout:
     """Who is on which GPU under which configuration."""
 
-    interference: float
+    interference_of: dict[int, InterferenceModel]  # GPU -> its co-location model
     node_of: dict[int, int]
     memory_of: dict[int, int]
     jobs: dict[int, JobView] = field(default_factory=dict)
@@ -46,11 +47,26 @@ class Layout:
         del self.config[job_id]
         del self.jobs[job_id]
 
-    def demand(self, job_id: int, gpu: int) -> float:
+    def utilization(self, job_id: int, gpu: int) -> float | None:
+        """The job's worker's solo utilization on `gpu` (None: not measured)."""
         shape = self.shape(job_id)
-        if shape is None:
-            return 1.0
-        return shape.demands[self.gpus[job_id].index(gpu)]
+        utilizations = None if shape is None else shape.utilizations
+        if utilizations is None:
+            return None
+        return utilizations[self.gpus[job_id].index(gpu)]
+
+    def stretch(self, job_id: int) -> list[float]:
+        """How many times longer each of the job's workers computes (by rank) beside
+        the co-runners on its GPUs (`scheduler.jobmodel.colocation_stretch`)."""
+        factors = []
+        for gpu in self.gpus[job_id]:
+            on = self.on_gpu[gpu]
+            if len(on) < 2:
+                factors.append(1.0)
+                continue
+            workers = [(j, self.utilization(j, gpu)) for j in on]
+            factors.append(colocation_stretch(workers, self.interference_of[gpu])[job_id])
+        return factors
 
     def useful(self, job_id: int) -> float:
         """Useful GPUs the job yields where it is now (sharing included)."""
@@ -58,12 +74,16 @@ class Layout:
         shape = self.shape(job_id)
         if shape is None or job.model is None:
             return float(len(self.gpus[job_id]))
-        factors = colocation_factors(
-            {g: [(j, self.demand(j, g)) for j in self.on_gpu[g]] for g in self.gpus[job_id]},
-            self.interference,
-        )
-        step = stretched_step(shape, [factors[g] for g in self.gpus[job_id]])
+        step = stretched_step(shape, self.stretch(job_id))
         return job.workers * job.model.alone_step_seconds / (step * shape.steps_ratio)
+
+    def slowdown(self, job_id: int) -> float:
+        """How many times longer the job's iteration takes than with its GPUs to
+        itself (1: not slowed)."""
+        shape = self.shape(job_id)
+        if shape is None:
+            return 1.0
+        return stretched_step(shape, self.stretch(job_id)) / shape.step_seconds
 
 
 def guests_of(snapshot: ClusterSnapshot) -> set[int]:

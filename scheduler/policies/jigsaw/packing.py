@@ -1,5 +1,7 @@
 """Step 4, packing: jobs still waiting, in order, join GPUs of running jobs as guests
-when that raises the cluster's useful progress (GPU memory never over-committed)."""
+when that raises the cluster's useful progress (GPU memory never over-committed).
+Only jobs whose solo utilization is known are guests or hosts: the interference model
+predicts nothing without it."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ def pack(
         if job.waiting
         and job.id not in layout.jobs
         and job.model is not None
+        and job.model.utilization is not None
         and job.workers <= len(usable)
     ]
     rooms = _Rooms(layout, usable, params.configs)
@@ -85,18 +88,19 @@ class _Rooms:
         return self.ranked[switch]
 
     def _shared_entries(self) -> list[tuple[float, int, int, int]]:
-        """(demand, node, GPU, memory used) of each usable GPU one job holds."""
+        """(utilization, node, GPU, memory used) of each usable GPU one job of known
+        utilization holds."""
         layout = self.layout
         entries = []
         for job_id, gpus in layout.gpus.items():
             shape = layout.shape(job_id)
-            if shape is None:
+            if shape is None or shape.utilizations is None:
                 continue
             for rank, gpu in enumerate(gpus):
                 if gpu in self.usable and len(layout.on_gpu[gpu]) == 1:
                     node = layout.node_of[gpu]
                     used = shape.worker_memory_bytes[rank]
-                    entries.append((shape.demands[rank], node, gpu, used))
+                    entries.append((shape.utilizations[rank], node, gpu, used))
         return entries
 
     def choose(self, size: int, need: int, switch: bool) -> tuple[int, ...] | None:
@@ -119,7 +123,7 @@ def _pack_one(rooms: _Rooms, job: JobView, size: int, params: JigsawParams) -> b
     guest = job.model.shape(own_config(job), size, 1)
     need = max(guest.worker_memory_bytes)
     best: tuple[float, tuple[int, ...], dict[int, SPBConfig | None]] | None = None
-    for switch in (False, True):
+    for switch in (False, True) if params.spb_enabled else (False,):
         choice = rooms.choose(size, need, switch)
         if choice is None:
             continue

@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from jigsaw.jobspec import SPBConfig
-from scheduler.core.jobmodel import INTERFERENCE
+from scheduler.core.interference import Sharing
 
 # The SPB configurations JigSaw chooses from (the simulator's assumed profiles price
 # exactly these).
@@ -30,11 +30,10 @@ class JigsawParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    interference: float = Field(
-        default=INTERFERENCE,
-        ge=0.0,
-        description="Slowdown JigSaw predicts for jobs sharing a GPU (a fraction); the "
-        "co-location rule of `scheduler.core.jobmodel`.",
+    sharing: Sharing = Field(
+        default=Sharing.TIME_SLICING,
+        description="How co-located jobs share a GPU (time-slicing or mps): picks the "
+        "measured interference fit of each GPU's generation (`scheduler.core.interference`).",
     )
     starvation_seconds: float = Field(
         default=12 * 3600.0,
@@ -58,10 +57,18 @@ class JigsawParams(BaseModel):
         description="Guests in a row that find no place before packing stops for the round.",
     )
     max_host_loss: float = Field(
-        default=0.02,
+        default=0.1,
         ge=0.0,
         le=1.0,
-        description="Most of its progress a host may lose to a guest.",
+        description="Most of its progress a host may lose to a guest (co-runners that "
+        "gain together still slow each other: 5-30% measured on an H100).",
+    )
+    yield_slowdown: float = Field(
+        default=1.15,
+        ge=1.0,
+        description="A guest yields at the next lease boundary when a host's iteration "
+        "takes more than this many times as long as with its GPUs to itself (above "
+        "1 / (1 - max_host_loss), so that a guest is not packed only to yield).",
     )
     efficiency_floors: tuple[_Fraction, ...] = Field(
         default=(0.5, 0.7, 0.8),

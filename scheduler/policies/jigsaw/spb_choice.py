@@ -85,7 +85,9 @@ def hosting_config(
     job: JobView, layout: Layout, configs: tuple[SPBConfig, ...]
 ) -> SPBConfig | None:
     """The SPB configuration that leaves the most room on its partial workers for a
-    guest at the least statistical price."""
+    guest (the GPU time they leave idle: their compute share times how busy they keep
+    the GPU while computing) at the least statistical price. Memory freed is the
+    packing step's check."""
     workers = len(layout.gpus[job.id])
     if job.model is None or job.model.spb_profile is None or workers < 2 or not chooses_spb(job):
         return layout.config[job.id]
@@ -99,7 +101,7 @@ def _hosting_config(
 ) -> SPBConfig:
     def room(config: SPBConfig) -> float:
         shape = model.shape(config, workers, nodes)
-        slack = sum(1.0 - d for d in shape.demands)
+        slack = sum(1.0 - u for u in shape.utilizations or shape.demands)
         return slack * _alone_useful(model, asked, shape)
 
     return max(configs, key=room)
