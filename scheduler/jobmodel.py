@@ -50,7 +50,10 @@ class JobModel:
     resized to (none: it runs only as asked). `memory_bytes`: per GPU at full
     backprop, `activation_fraction` of it saved activations (what a partial worker
     holds less of). `spb_profile`: the per-stage costs that price SPB configurations
-    (None: SPB not available for this job).
+    (None: SPB not available for this job). `batches[w][n]`: the global batch a job
+    that adapts its batch size runs at there (the one with the most goodput,
+    `scheduler.core.goodput`); its `steps` are then seconds per step of the base batch's
+    statistical progress and `iterations_total` that progress (empty: a fixed batch).
 
     Compared and hashed by identity: it never changes, so what a policy derives from
     it alone is cached per model (`functools.lru_cache`), and its tables are dicts.
@@ -62,6 +65,7 @@ class JobModel:
     memory_bytes: int = 0
     activation_fraction: float = 0.0
     spb_profile: spb.SPBProfile | None = None
+    batches: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
     _shapes: dict[tuple[int, int, tuple[float, float, int] | None], Shape] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
@@ -74,6 +78,13 @@ class JobModel:
         by_nodes = self.steps[workers]
         if nodes in by_nodes:
             return by_nodes[nodes]
+        return by_nodes[min(by_nodes, key=lambda n: (abs(n - nodes), n))]
+
+    def batch_at(self, workers: int, nodes: int) -> int:
+        """The global batch an adaptive job runs at there (0: a fixed batch)."""
+        by_nodes = self.batches.get(workers)
+        if not by_nodes:
+            return 0
         return by_nodes[min(by_nodes, key=lambda n: (abs(n - nodes), n))]
 
     @property
