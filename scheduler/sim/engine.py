@@ -116,6 +116,12 @@ class JobRecord:
     ran_spb: bool = False  # ran under an SPB configuration at some point
     noise: tuple[int, int] = (0, 0)  # of an adaptive job: (epoch, batch) of its model's noise
     batch: int = 0  # global batch it runs at now (0: its trace's)
+    epoch_end: float = math.inf  # progress at which its model's epoch ends
+
+    def epoch_end_time(self, now: float) -> float:
+        """When an adaptive job enters its next epoch (and its model changes)."""
+        left = self.epoch_end - self.progress
+        return max(now, self.ready_at) + left / self.rate if self.rate > 0 else math.inf
 
     def finish_time(self, now: float) -> float:
         left = self.model.iterations_total - self.progress
@@ -174,7 +180,9 @@ class Simulator:
             alone, least = self._alone(trace, model)
             record = JobRecord(trace, number, submit, model, alone, least)
             if isinstance(trace.speed, MeasuredSpeed) and self._adapts(trace):
-                record.noise = (0, adaptive.noise_batch(trace.speed.application, trace.batch_size))
+                app = trace.speed.application
+                record.noise = (0, adaptive.noise_batch(app, trace.batch_size))
+                record.epoch_end = app.epoch_progress(0)
             self._records.append(record)
         self._records.sort(key=lambda r: (r.submit, r.id))
         self._gpu_node = [g // cluster.gpus_per_node for g in range(cluster.gpus)]
@@ -351,6 +359,7 @@ class Simulator:
             # 1. the next round: a lease boundary at or after the next event
             waiting = any(r.state is not JobState.RUNNING for r in active.values())
             events = [r.finish_time(now) for r in running.values()]
+            events += [r.epoch_end_time(now) for r in running.values() if r.epoch_end < math.inf]
             if arrivals < total:
                 events.append(self._records[arrivals].submit)
             if waiting and rounds:
@@ -439,6 +448,7 @@ class Simulator:
             )
             if noise != record.noise:
                 record.noise = noise
+                record.epoch_end = app.epoch_progress(noise[0])
                 record.model = self._model(record.trace, noise)
                 self._touched.add(record.id)
 
