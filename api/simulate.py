@@ -121,6 +121,13 @@ def simulate(
     strict: Annotated[
         bool, typer.Option("--strict", help="Refuse a workload with any malformed row.")
     ] = False,
+    adaptive_batch: Annotated[
+        bool,
+        typer.Option(
+            "--adaptive-batch",
+            help="Pollux jobs adapt their batch size and progress by goodput (as Pollux's).",
+        ),
+    ] = False,
     philly_cluster: Annotated[str | None, typer.Option(help="Philly: only this cluster.")] = None,
     philly_start: Annotated[str | None, typer.Option(help="Philly: submitted at or after.")] = None,
     philly_end: Annotated[str | None, typer.Option(help="Philly: submitted before.")] = None,
@@ -178,6 +185,7 @@ def simulate(
         sharing=sharing,
         zero_arrivals=arrivals is Arrivals.zero,
         spb_profiles=measured,
+        adaptive_batch=adaptive_batch,
     )
     _report_skipped(workloads)
     for load in workloads:

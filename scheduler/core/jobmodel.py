@@ -65,7 +65,10 @@ class JobModel:
     holds less of). `spb_profile`: the per-stage costs that price SPB configurations
     (None: SPB not available for this job). `utilization`: the solo GPU utilization
     (0-1, NVML's) of a worker at full backprop on `workers` GPUs, measured (None: not
-    known, and then the job is never packed).
+    known, and then the job is never packed). `batches[w][n]`: the global batch a job
+    that adapts its batch size runs at there (the one with the most goodput,
+    `scheduler.core.goodput`); its `steps` are then seconds per step of the base batch's
+    statistical progress and `iterations_total` that progress (empty: a fixed batch).
 
     Compared and hashed by identity: it never changes, so what a policy derives from
     it alone is cached per model (`functools.lru_cache`), and its tables are dicts.
@@ -78,6 +81,7 @@ class JobModel:
     activation_fraction: float = 0.0
     spb_profile: spb.SPBProfile | None = None
     utilization: float | None = None
+    batches: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
     _shapes: dict[tuple[int, int, tuple[float, float, int] | None], Shape] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
@@ -102,6 +106,13 @@ class JobModel:
         step, sync = self.step_at(self.workers, min(self.steps[self.workers]))
         share = (step - min(sync, step)) / step if step > 0 else 1.0
         return min(1.0, self.utilization / share) if share > 0 else 1.0
+
+    def batch_at(self, workers: int, nodes: int) -> int:
+        """The global batch an adaptive job runs at there (0: a fixed batch)."""
+        by_nodes = self.batches.get(workers)
+        if not by_nodes:
+            return 0
+        return by_nodes[min(by_nodes, key=lambda n: (abs(n - nodes), n))]
 
     @property
     def alone_step_seconds(self) -> float:

@@ -39,10 +39,7 @@ def free_workers(session: Session, gpu_ids: Sequence[int]) -> tuple[Worker, ...]
     )
     if held or len(rows) != len(gpu_ids):
         return None
-    return tuple(
-        Worker(rank, gpu_id, *rows[gpu_id])
-        for rank, gpu_id in enumerate(gpu_ids)
-    )
+    return tuple(Worker(rank, gpu_id, *rows[gpu_id]) for rank, gpu_id in enumerate(gpu_ids))
 
 
 def held_gpus(session: Session, job_id: int) -> list[int]:

@@ -7,6 +7,12 @@ placement (GPUs per node) and per-GPU batch; its length is the iterations of its
 epoch at its global batch, interpolated between measured batch sizes on log-log axes.
 A per-GPU batch above the largest measured one runs as gradient accumulation, as in
 the Pollux simulator: the extra micro-batches cost compute, not synchronisation.
+
+For jobs that adapt their batch size (`scheduler.sim.adaptive`), the validation files
+also give statistical progress (`progress`: iterations at the smallest validated batch,
+scaled by efficiency), the progress that finishes a job (the least over batch sizes at
+its last epoch, as the Pollux artifact takes it) and the gradient noise of each epoch
+(`grad_sqr`, `grad_var`), linear between validated batch sizes as the artifact does.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TypeVar
+
+from scheduler.core.goodput import GradParams, PerfParams, fit_throughput, profile_samples
 
 Key = TypeVar("Key", bound=Hashable)
 
@@ -71,6 +79,15 @@ def _curves(rows: Sequence[tuple[Key, float, float, float]]) -> dict[Key, _Curve
             tuple(sum(s for _, s in merged[b]) / len(merged[b]) for b in batches),
         )
     return curves
+
+
+@dataclass(frozen=True)
+class _Epoch:
+    """One epoch of a validation run: statistical progress at its end, gradient noise."""
+
+    progress: float
+    grad_sqr: float
+    grad_var: float
 
 
 def _canonical(placement: tuple[int, ...]) -> str:
@@ -127,7 +144,13 @@ class Application:
         self.max_replicas = max(int(r["num_replicas"]) for r in scalability)
         measured = max(float(r["local_bsz"]) for r in placements)
         self.max_local_batch = float(MAX_LOCAL_BATCH.get(self.name, measured))
+        self.min_local_batch = min(float(r["local_bsz"]) for r in placements)
+        try:
+            self._samples = profile_samples(placements + scalability)
+        except ValueError as exc:
+            raise ProfileError(f"{directory}: {exc}") from exc
         self._iterations: dict[int, int] = {}
+        self._epochs: dict[int, list[_Epoch]] = {}
         epochs = EPOCHS[self.name]
         for path in directory.glob("validation-*.csv"):
             batch = int(path.stem.split("-")[1])
@@ -135,8 +158,20 @@ class Application:
             if len(rows) < epochs:
                 raise ProfileError(f"{path}: {len(rows)} epochs measured, {epochs} needed")
             self._iterations[batch] = int(rows[epochs - 1]["iteration"])
+            try:
+                self._epochs[batch] = [
+                    _Epoch(float(r["progress"]), float(r["grad_sqr"]), float(r["grad_var"]))
+                    for r in rows[:epochs]
+                ]
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProfileError(f"{path}: {exc}") from exc
         if not self._iterations:
             raise ProfileError(f"{directory}: no validation-<batch>.csv")
+        self.validated_batches = tuple(sorted(self._iterations))
+        self.base_batch = min(self._iterations)  # efficiency and progress are relative to it
+        self.max_batch = max(self._iterations)
+        # Statistical progress that finishes a job: the least of the batch sizes' last epochs.
+        self.target_progress = min(rows[-1].progress for rows in self._epochs.values())
 
     def iterations(self, batch_size: int) -> int:
         """Iterations to finish at this global batch size."""
@@ -144,6 +179,40 @@ class Application:
         xs = tuple(math.log(b) for b in batches)
         ys = tuple(math.log(self._iterations[b]) for b in batches)
         return max(1, round(math.exp(_interp(xs, ys, math.log(batch_size)))))
+
+    @cached_property
+    def perf(self) -> PerfParams:
+        """Pollux's throughput model fitted to every step time measured (what a policy
+        that chooses batch sizes predicts throughput by)."""
+        return fit_throughput(self._samples)
+
+    def epoch_at(self, progress: float) -> int:
+        """The epoch (from 0) a job is in after `progress` (the furthest any batch
+        size's run had reached by then, as the Pollux artifact counts it)."""
+        reached = max(
+            bisect.bisect_right([e.progress for e in rows], progress)
+            for rows in self._epochs.values()
+        )
+        return min(reached, EPOCHS[self.name] - 1)
+
+    def epoch_progress(self, epoch: int) -> float:
+        """Statistical progress at the end of `epoch` (the least over batch sizes)."""
+        return min(rows[epoch].progress for rows in self._epochs.values())
+
+    def grad_params(self, batch_size: float, epoch: int) -> GradParams:
+        """Gradient noise during `epoch` at a global batch size, linear between the
+        validated batch sizes around it (clamped to the validated range)."""
+        batches = sorted(self._epochs)
+        batch_size = min(max(batch_size, batches[0]), batches[-1])
+        i = bisect.bisect_left(batches, batch_size)
+        upper = batches[i]
+        lower = batches[i - 1] if batches[i] > batch_size else upper
+        low, high = self._epochs[lower][epoch], self._epochs[upper][epoch]
+        share = 0.0 if upper == lower else (batch_size - lower) / (upper - lower)
+        return GradParams.from_estimates(
+            low.grad_sqr + share * (high.grad_sqr - low.grad_sqr),
+            low.grad_var + share * (high.grad_var - low.grad_var),
+        )
 
     def step_time(self, placement: tuple[int, ...], batch_size: int) -> tuple[float, float]:
         """Seconds per iteration and the part of it in gradient synchronisation, for

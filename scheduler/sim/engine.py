@@ -13,6 +13,10 @@ Time moves by events at lease granularity: rounds fall on multiples of
 and every boundary while some job waits (a preemptive policy may act then). Between
 rounds every running job trains at a constant speed, so its progress and finish time
 are computed, never stepped iteration by iteration.
+
+With `adaptive_batch`, jobs of the Pollux applications adapt their batch size and
+progress by goodput (`scheduler.sim.adaptive`): a job's model, in steps of its base
+batch's statistical progress, is rebuilt whenever it enters a new epoch.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView, NodeView
 from scheduler.core.states import JobState
 from scheduler.core.validate import validate
 from scheduler.policies import Policy
+from scheduler.sim import adaptive
 from scheduler.sim.gpus import DEVICE_NAMES, SimGPU, measured_solo
 from scheduler.sim.profiles import memory_per_gpu, profile_for
 from scheduler.sim.trace import MeasuredSpeed, TraceJob
@@ -74,6 +79,9 @@ class SimOptions:
     sharing: Sharing = Sharing.TIME_SLICING  # how co-located jobs share a GPU
     zero_arrivals: bool = False  # submit the whole workload at time 0
     spb_profiles: dict[str, SPBProfile] = field(default_factory=dict)  # measured, by name
+    # Pollux jobs adapt their batch size and progress by goodput (the Pollux artifact's
+    # setting for its adaptive jobs); off, each runs at the batch its trace row asks.
+    adaptive_batch: bool = False
 
 
 @dataclass
@@ -85,6 +93,7 @@ class JobRecord:
     submit: float
     model: JobModel
     alone_seconds: float  # its run time alone on a dedicated placement, full backprop
+    least_gpu_seconds: float  # its GPU-seconds alone at its cheapest size: its useful work
     state: JobState = JobState.QUEUED
     preempted: bool = False
     gpus: tuple[int, ...] = ()
@@ -101,7 +110,15 @@ class JobRecord:
     shared: bool = False  # shares a GPU with another job now
     packed_rounds: int = 0
     packings: int = 0  # times it was placed on GPUs another job held (as a guest)
-    ran_partial: bool = False  # ran under an SPB configuration at some time
+    ran_spb: bool = False  # ran under an SPB configuration at some point
+    noise: tuple[int, int] = (0, 0)  # of an adaptive job: (epoch, batch) of its model's noise
+    batch: int = 0  # global batch it runs at now (0: its trace's)
+    epoch_end: float = math.inf  # progress at which its model's epoch ends
+
+    def epoch_end_time(self, now: float) -> float:
+        """When an adaptive job enters its next epoch (and its model changes)."""
+        left = self.epoch_end - self.progress
+        return max(now, self.ready_at) + left / self.rate if self.rate > 0 else math.inf
 
     def finish_time(self, now: float) -> float:
         left = self.model.iterations_total - self.progress
@@ -158,8 +175,13 @@ class Simulator:
                 continue
             submit = 0.0 if self.options.zero_arrivals else trace.submit_seconds
             model = self._model(trace)
-            alone = trace.iterations * model.alone_step_seconds
-            self._records.append(JobRecord(trace, number, submit, model, alone))
+            alone, least = self._alone(trace, model)
+            record = JobRecord(trace, number, submit, model, alone, least)
+            if isinstance(trace.speed, MeasuredSpeed) and self._adapts(trace):
+                app = trace.speed.application
+                record.noise = (0, adaptive.noise_batch(app, trace.batch_size))
+                record.epoch_end = app.epoch_progress(0)
+            self._records.append(record)
         self._records.sort(key=lambda r: (r.submit, r.id))
         self._gpu_node = [g // cluster.gpus_per_node for g in range(cluster.gpus)]
         self._holders: list[list[int]] = [[] for _ in range(cluster.gpus)]
@@ -182,26 +204,46 @@ class Simulator:
 
     # -- the job's speed ---------------------------------------------------------------
 
-    def _model(self, trace: TraceJob) -> JobModel:
-        """Step times at the size asked for and, where the trace measures scaling, at
-        every power of two up to the most GPUs measured and the cluster holds (the
-        sizes a policy may resize the job to)."""
+    def _adapts(self, trace: TraceJob) -> bool:
+        return self.options.adaptive_batch and isinstance(trace.speed, MeasuredSpeed)
+
+    def _placements(self, trace: TraceJob) -> list[tuple[int, ...]]:
+        """GPUs per node of the job at the size asked for and, where the trace measures
+        scaling, at every power of two up to the most GPUs measured and the cluster
+        holds (the sizes a policy may resize the job to)."""
         per_node = self.cluster.gpus_per_node
         sizes = {trace.workers}
         if isinstance(trace.speed, MeasuredSpeed):
             most = min(self.cluster.gpus, trace.speed.most_workers)
             sizes.update(1 << k for k in range(most.bit_length()) if 1 << k <= most)
-        solo = measured_solo(self.options.gpu, trace.workload) if trace.batch_size else None
-        steps: dict[int, dict[int, tuple[float, float]]] = {}
+        placements = []
         for workers in sorted(sizes):
             fewest = math.ceil(workers / per_node)
             most = min(workers, self.cluster.nodes) if trace.speed.elastic else fewest
-            steps[workers] = {}
-            for nodes in range(fewest, most + 1):
-                step, sync = trace.speed.step_time(_spread(workers, nodes, per_node))
+            placements += [_spread(workers, nodes, per_node) for nodes in range(fewest, most + 1)]
+        return placements
+
+    def _model(self, trace: TraceJob, noise: tuple[int, int] | None = None) -> JobModel:
+        """Step times on the job's placements (of an adaptive job: per base step of
+        progress, at the batch chosen for each given the gradient noise of `noise` =
+        (epoch, batch it was measured at); by default the first epoch's at the batch
+        the job asked for)."""
+        batches: dict[int, dict[int, int]] = {}
+        solo = measured_solo(self.options.gpu, trace.workload) if trace.batch_size else None
+        if self._adapts(trace):
+            assert isinstance(trace.speed, MeasuredSpeed)
+            app = trace.speed.application
+            epoch, measured_at = noise or (0, adaptive.noise_batch(app, trace.batch_size))
+            steps, batches = adaptive.table(app, epoch, measured_at, self._placements(trace))
+            iterations = app.target_progress
+        else:
+            steps = {}
+            for placement in self._placements(trace):
+                step, sync = trace.speed.step_time(placement)
                 if solo is not None:  # measured compute there, the profile's network
-                    step = solo.at(trace.batch_size / workers).step_seconds + sync
-                steps[workers][nodes] = (step, sync)
+                    step = solo.at(trace.batch_size / sum(placement)).step_seconds + sync
+                steps.setdefault(sum(placement), {})[len(placement)] = (step, sync)
+            iterations = trace.iterations
         profile = profile_for(trace.workload, self.options.spb_profiles)
         # Memory at the per-GPU batch of the size it asked for: shrunk, a job is taken to
         # accumulate gradients over micro-batches no larger than that.
@@ -216,14 +258,38 @@ class Simulator:
             memory, busy = measured.memory_bytes, measured.utilization
         utilization = busy * (step - min(sync, step)) / step if step > 0 else busy
         return JobModel(
-            iterations_total=trace.iterations,
+            iterations_total=math.ceil(iterations),
             workers=trace.workers,
             steps=steps,
             memory_bytes=memory,
             activation_fraction=activation_share,
             spb_profile=profile,
             utilization=utilization,
+            batches=batches,
         )
+
+    def _alone(self, trace: TraceJob, model: JobModel) -> tuple[float, float]:
+        """The job's run time alone on the GPUs it asked for, and its GPU-seconds
+        alone at its cheapest size (both on the fewest nodes, full backprop; an
+        adaptive job's epoch by epoch, at each epoch's best batch)."""
+        per_node = self.cluster.gpus_per_node
+        fewest = {w: _spread(w, math.ceil(w / per_node), per_node) for w in model.sizes}
+        if not (self._adapts(trace) and isinstance(trace.speed, MeasuredSpeed)):
+            step = {w: model.step_at(w, len(p))[0] for w, p in fewest.items()}
+            total = model.iterations_total
+            return total * step[model.workers], total * min(w * t for w, t in step.items())
+        app = trace.speed.application
+        measured_at = adaptive.noise_batch(app, trace.batch_size)
+        alone = least = 0.0
+        for epoch, work in adaptive.epochs_ahead(app, 0.0):
+            step = {}
+            for w, placement in fewest.items():
+                found = adaptive.size_step(app, epoch, measured_at, placement)
+                if found is not None:
+                    step[w] = found[0]
+            alone += work * step[model.workers]
+            least += work * min(w * t for w, t in step.items())
+        return alone, least
 
     def _shape(self, record: JobRecord) -> Shape:
         nodes = len({self._gpu_node[g] for g in record.gpus})
@@ -308,6 +374,7 @@ class Simulator:
             # 1. the next round: a lease boundary at or after the next event
             waiting = any(r.state is not JobState.RUNNING for r in active.values())
             events = [r.finish_time(now) for r in running.values()]
+            events += [r.epoch_end_time(now) for r in running.values() if r.epoch_end < math.inf]
             if arrivals < total:
                 events.append(self._records[arrivals].submit)
             if waiting and rounds:
@@ -336,6 +403,7 @@ class Simulator:
                     finished += 1
             busy_seconds += sum(busy_until.values()) - now * len(busy_until)
             now = following
+            self._next_epochs(running)
             while arrivals < total and self._records[arrivals].submit <= now:
                 record = self._records[arrivals]
                 active[record.id] = record
@@ -383,6 +451,24 @@ class Simulator:
             packed_gpu_seconds=packed_seconds,
         )
 
+    def _next_epochs(self, running: dict[int, JobRecord]) -> None:
+        """Adaptive jobs that entered a new epoch, or whose batch moved to another
+        validated size, get the model of the noise they now measure (and its speed)."""
+        for record in running.values():
+            speed = record.trace.speed
+            if not (self._adapts(record.trace) and isinstance(speed, MeasuredSpeed)):
+                continue
+            app = speed.application
+            noise = (
+                app.epoch_at(record.progress),
+                adaptive.noise_batch(app, record.batch or record.trace.batch_size),
+            )
+            if noise != record.noise:
+                record.noise = noise
+                record.epoch_end = app.epoch_progress(noise[0])
+                record.model = self._model(record.trace, noise)
+                self._touched.add(record.id)
+
     def _shared_seconds(self, running: dict[int, JobRecord], now: float, until: float) -> float:
         """GPU-seconds from `now` to `until` with more than one running job on the GPU."""
         total = 0.0
@@ -417,8 +503,8 @@ class Simulator:
             record = self._by_id[change.job_id]
             if record.config != change.spb:
                 record.config = dict(change.spb)
-                record.ran_partial |= bool(record.config)
                 record.reconfigurations += 1
+                record.ran_spb = record.ran_spb or spb.resolve(change.spb) is not None
                 self._touched.add(record.id)
         for placement in plan.start:
             record = self._by_id[placement.job_id]
@@ -429,7 +515,7 @@ class Simulator:
             record.preempted = False
             record.gpus = tuple(placement.gpu_ids)
             record.config = dict(placement.spb)
-            record.ran_partial |= bool(record.config)
+            record.ran_spb = record.ran_spb or spb.resolve(placement.spb) is not None
             record.held_since = now
             record.ready_at = now + self.options.restart_seconds
             if record.first_start is None:
@@ -463,6 +549,8 @@ class Simulator:
             ]
             record.shared = any(len(self._holders[g]) > 1 for g in record.gpus)
             record.rate = 1.0 / (stretched_step(shape, stretch) * shape.steps_ratio)
+            nodes = len({self._gpu_node[g] for g in record.gpus})
+            record.batch = record.model.batch_at(len(record.gpus), nodes)
         for record in running.values():
             if record.shared:
                 record.packed_rounds += 1

@@ -25,8 +25,11 @@ def summarize(result: SimResult) -> dict[str, Any]:
     - makespan: from the first submission to the last finish.
     - gpu_utilization: GPU-seconds with at least one job on the GPU over GPUs x makespan.
     - cluster_efficiency: useful GPU-seconds over GPUs x makespan, where a job's useful
-      GPU-seconds are its GPUs x its run time alone on a dedicated placement at full
-      backprop (the issue's definition; meaningful with `--arrivals zero`).
+      GPU-seconds are what it needs alone at its cheapest size (full backprop; an
+      adaptive job at each epoch's best batch), so no schedule that runs one job per
+      GPU exceeds 1 (crediting each job its requested size, as before, reached 1.5 by
+      shrinking jobs that asked for more than they use well). Meaningful with
+      `--arrivals zero`; compare makespan with its lower bound too.
     - finish-time fairness: each job's JCT over its run time alone (1 = as if it had
       the GPUs it asked for to itself from submission); mean and worst.
     - spb_jobs: jobs that ran under an SPB configuration at some time; packings: guest
@@ -40,7 +43,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
     start = min((r.submit for r in result.jobs), default=0.0)
     makespan = max((r.finish for r in done if r.finish is not None), default=start) - start
     capacity = result.cluster.gpus * makespan
-    useful = sum(r.trace.workers * r.alone_seconds for r in done)
+    useful = sum(r.least_gpu_seconds for r in done)
     return {
         "policy": result.policy,
         "workload": result.workload,
@@ -58,7 +61,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "max_finish_time_fairness": max(ratio, default=0.0),
         "suspensions": sum(r.suspensions for r in result.jobs),
         "reconfigurations": sum(r.reconfigurations for r in result.jobs),
-        "spb_jobs": sum(1 for r in result.jobs if r.ran_partial),
+        "spb_jobs": sum(1 for r in result.jobs if r.ran_spb),
         "packings": sum(r.packings for r in result.jobs),
         "packed_gpu_seconds": result.packed_gpu_seconds,
         "packed_job_rounds": sum(r.packed_rounds for r in result.jobs),

@@ -136,7 +136,7 @@ def load_workload(
     workload = Workload(path.stem, [])
     if columns >= POLLUX_COLUMNS:
         apps = apps_dir or path.parent.parent / "apps"
-        parse = _pollux_parser(apps)
+        parse = pollux_parser(apps)
     elif columns >= PHILLY_COLUMNS:
         parse = _philly_row
     elif columns >= PROJECT_COLUMNS:
@@ -199,7 +199,7 @@ def _seconds(row: dict[str, str], key: str, *, positive: bool = False) -> float:
     return value
 
 
-def _pollux_parser(apps_dir: Path) -> Callable[[dict[str, str]], TraceJob]:
+def pollux_parser(apps_dir: Path) -> Callable[[dict[str, str]], TraceJob]:
     def parse(row: dict[str, str]) -> TraceJob:
         app = load_application(apps_dir / row["application"])
         workers = _positive_int(row, "num_replicas")

@@ -37,9 +37,10 @@ def curve(model: JobModel, per_node: int) -> Curve:
 
 
 def efficient_size(job: JobView, per_node: int, floor: float) -> int:
-    """The most GPUs the job runs on at no less than `floor` of its best useful
-    progress per GPU (a job that asked for more GPUs than it can use well gets fewer;
-    a job whose speed is known only as asked gets what it asked)."""
+    """The most GPUs, up to what it asked for and its fastest size, the job runs on at
+    no less than `floor` of its best useful progress per GPU (a job that asked for
+    more GPUs than it can use well gets fewer; a job whose speed is known only as
+    asked gets what it asked)."""
     if job.model is None or len(job.model.sizes) < 2:
         return job.workers
     return _efficient_size(job.model, job.workers, per_node, floor)
@@ -48,8 +49,12 @@ def efficient_size(job: JobView, per_node: int, floor: float) -> int:
 @lru_cache(maxsize=_CACHED)
 def _efficient_size(model: JobModel, asked: int, per_node: int, floor: float) -> int:
     # Shrink only: sizes above what the job asked for are for growing into idle GPUs.
+    # Never wider than its fastest size: GPUs past it slow the job down (an adaptive
+    # job's goodput can peak below what it asked for, its batch then too inefficient).
+    steps = steps_by_size(model, per_node)
+    fastest = min(steps, key=lambda w: (steps[w], w))
     values = per_gpu_values(model, per_node)
-    sizes = [w for w in values if w <= asked]
+    sizes = [w for w in values if w <= min(asked, fastest)]
     best = max(values[w] for w in sizes)
     return max(w for w in sizes if values[w] >= floor * best)
 
