@@ -1373,6 +1373,10 @@ def demo(
     home: Annotated[
         Path | None, typer.Option(help="State directory (default: a fresh temporary one).")
     ] = None,
+    compare: Annotated[
+        bool,
+        typer.Option(help="Then run the same jobs under FIFO and compare (twice as long)."),
+    ] = True,
 ) -> None:
     """Start a throwaway cluster (API, scheduler, 2 agents), train a few jobs, summarise."""
     from api.demo import DemoError, run_demo
@@ -1380,7 +1384,7 @@ def demo(
     workdir = Path(home) if home else Path(tempfile.mkdtemp(prefix="jigsaw-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        unsuccessful = run_demo(out, workdir, _state)
+        unsuccessful = run_demo(out, workdir, _state, compare=compare)
     except (DemoError, ApiError) as exc:
         _fail(str(exc))
     except KeyboardInterrupt:

@@ -175,6 +175,10 @@ class JigsawClient:
     def cluster(self) -> dict[str, Any]:
         return self._get("/v1/cluster")
 
+    def rounds(self, *, limit: int = 100, decisions: bool = False) -> dict[str, Any]:
+        """Recent scheduling rounds, newest first (only those that decided something)."""
+        return self._get("/v1/scheduler/rounds", params={"limit": limit, "decisions": decisions})
+
     def profiles(self) -> dict[str, Any]:
         return self._get("/v1/profiles")
 

@@ -6,6 +6,7 @@ credentials file. Plus the client's error handling and retries, without a server
 from __future__ import annotations
 
 import json
+import re
 import stat
 import subprocess
 import time
@@ -516,12 +517,16 @@ def test_client_errors_and_retries() -> None:
 def test_demo_trains_every_job_to_success_on_two_real_agents(tmp_path: Path) -> None:
     """The README's demo command, as a user runs it (minus the install)."""
     pytest.importorskip("torch")  # the train extra (not in the control-plane subset)
-    result = cli(tmp_path, "demo", "--home", str(tmp_path / "demo"), check=False)
+    result = cli(tmp_path, "demo", "--home", str(tmp_path / "demo"), "--no-compare", check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     summary = result.stdout[result.stdout.rindex("summary") :]
-    for name in ("digits-mlp", "lm-2-agents", "digits-cnn", "resnet"):
+    for name in ("digits-mlp", "lm-2-agents", "digits-cnn", "digits-cnn-spb"):
         assert name in summary
     assert summary.count("SUCCEEDED") == 4
+    # What the scheduler (JigSaw, the default) did: every job was leased at least once.
+    decided = summary[summary.index("what jigsaw decided") :]
+    leases = re.search(r"\blease\b\W+(\d+)", decided)
+    assert leases is not None and int(leases.group(1)) >= 4, decided
     assert "API on http://127.0.0.1:" in result.stdout
     server_log = (tmp_path / "demo" / "server.log").read_text()
     assert "Traceback" not in server_log, server_log[-3000:]
