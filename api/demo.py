@@ -193,7 +193,13 @@ def decisions_table(run: PolicyRun) -> Table:
 def comparison_table(runs: list[PolicyRun]) -> Table:
     """The same jobs under each policy: makespan and job completion times, measured."""
     table = Table(title="the same jobs, measured", title_justify="left", header_style="bold")
-    for column in ("POLICY", "MAKESPAN", "MEAN JCT", "SUCCEEDED", "VS FIRST"):
+    for column in (
+        "POLICY",
+        "MAKESPAN",
+        "MEAN JCT",
+        "SUCCEEDED",
+        f"MAKESPAN VS {runs[0].policy.upper()}",
+    ):
         table.add_column(column, justify="left" if column == "POLICY" else "right")
     first = runs[0]
     for run in runs:
