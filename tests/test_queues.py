@@ -26,7 +26,9 @@ from scheduler.telemetry import SchedulerTelemetry
 from tests.conftest import LiveApi
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
-SETTINGS = SchedulerSettings(round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=600)
+SETTINGS = SchedulerSettings(
+    policy="fifo", round_seconds=0.01, lease_iterations=50, agent_timeout_seconds=600
+)
 SPEC: dict[str, Any] = {"name": "digits", "workload": "digits-mlp", "max_iterations": 50}
 
 
