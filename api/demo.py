@@ -35,6 +35,7 @@ from rich.table import Table
 from api.client import ApiError, JigsawClient
 from api.credentials import Credentials, load_credentials
 from api.server import free_port
+from scheduler.core import rounds
 from scheduler.core.states import TERMINAL
 
 AGENTS = 2
@@ -42,8 +43,15 @@ GPUS_PER_AGENT = 2
 _START_SECONDS = 90.0
 _POLL_SECONDS = 0.5
 _DECISIONS_SHOWN = 6
-# Decisions worth a line in the live feed and the summary; leases renew every round.
-_NOTABLE = ("lease", "suspend", "reconfigure", "pack", "resize", "resized", "requeue")
+# Decisions worth a line in the live feed (`scheduler.core.rounds`' kinds).
+_NOTABLE = (
+    rounds.LEASE,
+    rounds.SUSPEND,
+    rounds.RECONFIGURE,
+    rounds.RESIZE,
+    rounds.RESIZED,
+    rounds.REQUEUE,
+)
 
 # Small enough for 2 CPU cores: four virtual GPUs share them. Every job learns
 # something real (digits, text); the transformer takes three GPUs, more than one agent
@@ -161,8 +169,8 @@ def _follow_decisions(
     names: dict[int, str],
 ) -> None:
     """Count the rounds' decisions not seen yet and keep the latest notable ones."""
-    rounds = client.rounds(limit=50, decisions=True).get("items", [])
-    for item in reversed(rounds):  # oldest first
+    recent = client.rounds(limit=50, decisions=True).get("items", [])
+    for item in reversed(recent):  # oldest first
         if item["id"] in seen:
             continue
         seen.add(item["id"])

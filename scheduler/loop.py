@@ -62,7 +62,7 @@ _PLACED = (JobState.SCHEDULED, JobState.RUNNING)
 # States whose jobs hold no GPUs: ended, or suspended (placed afresh on resume).
 _RELEASED = (*TERMINAL, JobState.SUSPENDED)
 # Why a suspended job the loop queues again is queued, by who suspended it.
-_REQUEUED_BECAUSE = {
+_REQUEUED_BECAUSE: dict[str, str] = {
     SuspendedBy.DRAIN: "its node was drained",
     SuspendedBy.RESIZE: "its resize was lost in a leader failover",
 }
@@ -411,7 +411,7 @@ class SchedulerService:
                     session,
                     job,
                     JobState.QUEUED,
-                    _REQUEUED_BECAUSE[SuspendedBy(job.suspended_by or "")],
+                    _REQUEUED_BECAUSE[str(job.suspended_by)],
                 )
             ]
         for job_id in requeued:
