@@ -286,7 +286,7 @@ def _wait_ready(process: subprocess.Popen[bytes], workdir: Path, log: Path) -> C
 def _progress_table(jobs: list[dict[str, Any]], state_style: Callable[[str], str]) -> Table:
     table = Table(title="jobs (Ctrl-C to stop)", title_justify="left", header_style="bold")
     for column in ("ID", "NAME", "STATE", "GPUS", "PROGRESS", "LAST EVALUATION"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "NAME")
     for job in jobs:
         spec = job.get("spec") or {}
         done, total = job.get("iterations_done", 0), spec.get("max_iterations") or 0
@@ -309,7 +309,7 @@ def _summary_table(
 ) -> Table:
     table = Table(title="summary", title_justify="left", header_style="bold")
     for column in ("ID", "NAME", "STATE", "JCT", "ITERATIONS", "FINAL LOSS", "ACCURACY"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "NAME")
     for job in jobs:
         metrics = job.get("metrics") or {}
         loss = metrics.get("loss")

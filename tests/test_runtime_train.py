@@ -98,7 +98,10 @@ def test_a_user_trial_runs_by_module_reference(tmp_path: Path) -> None:
     ("ref", "message"),
     [
         ("no-such-workload", "unknown workload"),
-        ("no_such_package.trials:Trial", "cannot import module 'no_such_package.trials'"),
+        (
+            "no_such_package.trials:Trial",
+            r"No module named 'no_such_package' .*upload your code with `jigsaw submit --code DIR`",
+        ),
         ("tests.runtime_helpers:Missing", "has no attribute 'Missing'"),
         ("tests.runtime_helpers:NotATrial", "not a subclass"),
     ],
