@@ -345,9 +345,14 @@ def up(
     """Run the API and, as leader, the scheduler and the agents' gRPC endpoint, until Ctrl-C."""
     from api.server import AddressTaken, serve
     from worker_agent.isolation import IsolationError
+    from worker_agent.runtime.lifeline import UP_PARENT_PID_ENV, OrphanedError, die_with_parent
 
     if local_agents and simulated_nodes:
         _fail("give --local-agents or --simulated-nodes, not both", EXIT_BAD_INPUT)
+    try:
+        die_with_parent(UP_PARENT_PID_ENV, "the program (pid {pid}) that started it is gone")
+    except OrphanedError as exc:
+        _fail(f"not starting: {exc}")
     settings = _settings()
     try:
         serve(

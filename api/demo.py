@@ -37,6 +37,7 @@ from api.credentials import Credentials, load_credentials
 from api.server import free_port
 from scheduler.core import rounds
 from scheduler.core.states import TERMINAL
+from worker_agent.runtime.lifeline import UP_PARENT_PID_ENV
 
 AGENTS = 2
 GPUS_PER_AGENT = 2
@@ -234,6 +235,7 @@ def _cluster(console: Console, workdir: Path, policy: str) -> Iterator[Credentia
         JIGSAW_SCHEDULER_ROUND_SECONDS="0.25",
         JIGSAW_SCHEDULER_POLICY=policy,
         JIGSAW_GRPC_PORT=str(free_port()),
+        **{UP_PARENT_PID_ENV: str(os.getpid())},  # a killed demo leaves no cluster behind
         # The demo's own built-in jobs only, on a cluster that ends with it: its training
         # processes run as this user unless told otherwise (as root, the default worker
         # user could not reach a Python or a home under a private /root).

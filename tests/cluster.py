@@ -125,6 +125,14 @@ def incarnations(home: Path) -> dict[int, list[tuple[int, Path]]]:
     return runs
 
 
+def alive(pid: int) -> bool:
+    """Running: a zombie is dead for our purpose (init reaps it once its parent is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def agent_pids(home: Path) -> dict[str, list[int]]:
     """Node name -> pids of the `jigsaw agent` processes working under `home`."""
     agents: dict[str, list[int]] = {}

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.cluster import alive
 from worker_agent.runtime.lifeline import AGENT_PID_ENV
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
@@ -32,26 +33,16 @@ _AGENT = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purpose; it is reaped by init once its parent is gone.
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_a_worker_is_killed_when_its_agent_is_sigkilled() -> None:
     agent = subprocess.Popen([sys.executable, "-c", _AGENT], stdout=subprocess.PIPE)
     try:
         assert agent.stdout is not None
         worker = int(agent.stdout.readline())
-        assert _alive(worker)
+        assert alive(worker)
         agent.kill()
         agent.wait()
         deadline = time.monotonic() + 30
-        while _alive(worker):
+        while alive(worker):
             assert time.monotonic() < deadline, "the worker outlived its SIGKILLed agent"
             time.sleep(0.05)
     finally:

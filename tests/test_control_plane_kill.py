@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -26,8 +27,9 @@ import pytest
 from api.client import JigsawClient
 from api.credentials import credentials_path
 from api.server import free_port
-from tests.cluster import agent_pids, incarnations, wait_for, worker_pids
+from tests.cluster import agent_pids, alive, incarnations, wait_for, worker_pids
 from tests.servers import JIGSAW, TERMINAL, Server, clean_env, jigsaw_up
+from worker_agent.runtime.lifeline import UP_PARENT_PID_ENV
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -230,6 +232,50 @@ def test_jigsaw_up_on_a_taken_port_fails_and_writes_no_credentials(tmp_path: Pat
     assert f"cannot serve the API on 127.0.0.1:{port}" in result.stderr
     assert "Traceback" not in result.stderr
     assert not credentials_path(tmp_path).exists()
+
+
+# A stand-in for the demo: starts `jigsaw up` bound to itself, says its pid, sleeps.
+_LAUNCHER = f"""
+import os, subprocess, sys, time
+env = dict(os.environ, {UP_PARENT_PID_ENV}=str(os.getpid()))
+up = subprocess.Popen([*sys.argv[1:], "up", "--port", "0", "--local-agents", "1"], env=env)
+print(up.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_jigsaw_up_started_by_a_killed_program_goes_with_its_agents(tmp_path: Path) -> None:
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER, *JIGSAW],
+        env=clean_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert launcher.stdout is not None
+        up = int(launcher.stdout.readline())
+        wait_for(lambda: agent_pids(tmp_path) != {}, "the local agent")
+        launcher.kill()
+        launcher.wait()
+        wait_for(lambda: not alive(up), "jigsaw up to die with the program that started it")
+        wait_for(lambda: agent_pids(tmp_path) == {}, "its local agent to die with it")
+    finally:
+        launcher.kill()
+        launcher.wait()
+        _kill_leftovers(tmp_path)
+
+
+def test_jigsaw_up_whose_starter_is_already_gone_refuses_to_start(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*JIGSAW, "up", "--port", "0"],
+        env=clean_env(tmp_path, **{UP_PARENT_PID_ENV: "1"}),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "not starting: the program (pid 1) that started it is gone" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 # -- fault injection ----------------------------------------------------------------

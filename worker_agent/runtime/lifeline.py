@@ -9,6 +9,8 @@ parent's many threads (gRPC's among them) can deadlock before exec. The parent's
 comes in the environment, so that a child whose parent died before it got here notices
 (its parent is already someone else) and exits.
 
+The same holds one level up: a `jigsaw up` started by the demo dies with the demo.
+
 Local agents also hold a lifeline pipe: their stdin, whose other end only `jigsaw up`
 holds. It reads end-of-file once `jigsaw up` is gone, however it went, also where there
 is no PDEATHSIG (off Linux), and the agent then shuts down.
@@ -26,6 +28,9 @@ from typing import BinaryIO
 AGENT_PID_ENV = "JIGSAW_WORKER_AGENT_PID"
 # JIGSAW_AGENT_*: the supervisor keeps it from the agent's workers with the agent's settings.
 UP_PID_ENV = "JIGSAW_AGENT_PARENT_PID"
+# Set by a program that starts `jigsaw up` for itself (the demo): `up`, and with it its
+# local agents and their workers, never outlive it.
+UP_PARENT_PID_ENV = "JIGSAW_UP_PARENT_PID"
 _PR_SET_PDEATHSIG = 1
 
 
