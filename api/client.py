@@ -168,6 +168,10 @@ class JigsawClient:
     def events(self, job_id: int) -> dict[str, Any]:
         return self._get(f"/v1/jobs/{int(job_id)}/events")
 
+    def allocations(self, job_id: int) -> dict[str, Any]:
+        """The job's holds on GPUs, newest first (when, where, which rank)."""
+        return self._get(f"/v1/jobs/{int(job_id)}/allocations", params={"limit": 5000})
+
     def metrics(self, job_id: int, *, points: int | None = None) -> dict[str, Any]:
         params = {"points": points} if points is not None else None
         return self._get(f"/v1/jobs/{int(job_id)}/metrics", params=params)

@@ -22,13 +22,12 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from api.client import JigsawClient
 from benchmarks.harness import add_output_options, emit
+from benchmarks.live import alive_gpus, lost, makespan_and_mean_jct, wait
 from tests.servers import TERMINAL, jigsaw_up
 
 MARKDOWN_HEAD = """# Elastic jobs: resizing at a boundary
@@ -95,7 +94,6 @@ VARIANTS = {
     "elastic-warm": ("fifo-elastic", 2, "fixed-warm"),
 }
 LEASE_ITERATIONS = 20
-POLL_SECONDS = 0.5
 
 
 def specs(iterations: int) -> list[dict[str, Any]]:
@@ -127,12 +125,12 @@ def run_variant(policy: str, warm: int, iterations: int, home: Path) -> dict[str
         jigsaw_up(home, "--local-agents", "1", "--gpus-per-agent", "2", **env) as server,
         JigsawClient(server.url, server.token()) as client,
     ):
-        _wait(lambda: _alive_gpus(client) == 2, "the local agent's GPUs")
+        wait(lambda: alive_gpus(client) == 2, "the local agent's GPUs")
         first, *rest = specs(iterations)
         ids = [client.submit(first)["id"]]
-        _wait(lambda: client.get_job(ids[0])["iterations_done"] >= 2 * LEASE_ITERATIONS, "start")
+        wait(lambda: client.get_job(ids[0])["iterations_done"] >= 2 * LEASE_ITERATIONS, "start")
         ids += [client.submit(spec)["id"] for spec in rest]
-        _wait(lambda: all(client.get_job(i)["state"] in TERMINAL for i in ids), "the jobs")
+        wait(lambda: all(client.get_job(i)["state"] in TERMINAL for i in ids), "the jobs")
         jobs = [client.get_job(i) for i in ids]
         resized = [
             (job_id, event["data"])
@@ -141,25 +139,15 @@ def run_variant(policy: str, warm: int, iterations: int, home: Path) -> dict[str
             if event["kind"] == "resized"
         ]
         broken = {job_id for job_id, data in resized if not _resumed_at(client, job_id, data)}
-    created = [_time(job["created_at"]) for job in jobs]
-    finished = [_time(job["finished_at"]) for job in jobs if job["finished_at"]]
-    lost = {
-        job["id"]
-        for job, spec in zip(jobs, [first, *rest], strict=True)
-        if job["state"] != "SUCCEEDED" or job["iterations_done"] != spec["max_iterations"]
-    }
+    makespan, mean_jct = makespan_and_mean_jct(jobs)
     return {
-        "makespan_s": max(finished) - min(created),
-        "mean_jct_s": statistics.mean(
-            _time(job["finished_at"]) - _time(job["created_at"])
-            for job in jobs
-            if job["finished_at"]
-        ),
+        "makespan_s": makespan,
+        "mean_jct_s": mean_jct,
         "resizes": len(resized),
         "resize_seconds": (
             statistics.mean(data["seconds"] for _, data in resized) if resized else None
         ),
-        "lost_jobs": len(lost | broken),
+        "lost_jobs": len(lost(jobs, [first, *rest]) | broken),
     }
 
 
@@ -167,22 +155,6 @@ def _resumed_at(client: JigsawClient, job_id: int, data: dict[str, Any]) -> bool
     lines = client.logs(job_id, limit=1000)["items"]
     wanted = f"resumed from the checkpoint at iteration {data['iteration']}"
     return any(wanted in line["message"] for line in lines)
-
-
-def _alive_gpus(client: JigsawClient) -> int:
-    return sum(len(node["gpus"]) for node in client.cluster()["nodes"] if node["alive"])
-
-
-def _time(stamp: str) -> float:
-    return datetime.fromisoformat(stamp).timestamp()
-
-
-def _wait(condition: Any, what: str, seconds: float = 600) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(POLL_SECONDS)
 
 
 def main() -> None:

@@ -41,8 +41,9 @@ class Cluster:
     def start_server(self) -> None:
         self.server = self.stack.enter_context(jigsaw_up(self.home, **self.env))
 
-    def start_agent(self, name: str, gpus: int, **env: str) -> subprocess.Popen[bytes]:
-        """`jigsaw agent` for node `name`; `env` adds settings (JIGSAW_AGENT_WARM_WORKERS)."""
+    def start_agent(self, name: str, gpus: int | str, **env: str) -> subprocess.Popen[bytes]:
+        """`jigsaw agent` for node `name` with `gpus` (N virtual, or `auto`); `env` adds
+        settings (JIGSAW_AGENT_WARM_WORKERS)."""
         log = (self.home / f"agent-{name}.log").open("ab")
         with log:
             self.agents[name] = subprocess.Popen(

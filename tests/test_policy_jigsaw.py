@@ -489,15 +489,24 @@ def test_a_job_with_no_measured_utilization_is_neither_guest_nor_host() -> None:
     assert _one_gpu_pair(None, 0.3) == Plan()
 
 
-def _packed(host_utilization: float, guest_utilization: float, params: JigsawParams) -> Plan:
-    """A guest already running beside its host on the host's only GPU."""
-    host = job(
-        1,
-        1,
-        model(1, 10_000, utilization=host_utilization),
-        state=JobState.RUNNING,
-        gpus=(100,),
-        arrived=600,
+def _packed(
+    host_utilization: float,
+    guest_utilization: float,
+    params: JigsawParams,
+    measured: float | None = None,
+) -> Plan:
+    """A guest already running beside its host on the host's only GPU; `measured`: the
+    host's slowdown beside it as the cluster measured it."""
+    host = replace(
+        job(
+            1,
+            1,
+            model(1, 10_000, utilization=host_utilization),
+            state=JobState.RUNNING,
+            gpus=(100,),
+            arrived=600,
+        ),
+        colocated_slowdown=measured,
     )
     guest = job(
         2, 1, model(1, 10_000, utilization=guest_utilization), state=JobState.RUNNING, gpus=(100,)
@@ -518,6 +527,31 @@ def test_a_guest_yields_when_its_host_slows_past_the_bound() -> None:
     # Light jobs stay together under the default bound.
     assert fitted().get("v100").stretch([0.1, 0.1])[0] < bound
     assert _packed(0.1, 0.1, JigsawParams()) == Plan()
+
+
+def test_a_guest_yields_when_its_host_s_measured_slowdown_passes_the_bound() -> None:
+    """On the cluster the host's measured slowdown beside the guest decides, where it
+    has one: light jobs the model keeps together part when they were measured to slow
+    the host past the bound, and busy ones it would part stay when measured not to."""
+    bound = JigsawParams().yield_slowdown
+    assert _packed(0.1, 0.1, JigsawParams()) == Plan()
+    assert _packed(0.1, 0.1, JigsawParams(), measured=bound + 0.05).suspend == (2,)
+    assert _packed(0.5, 0.5, JigsawParams()).suspend == (2,)
+    assert _packed(0.5, 0.5, JigsawParams(), measured=bound - 0.05) == Plan()
+
+
+def test_no_guest_joins_a_host_measured_past_the_bound_beside_its_last_co_runners() -> None:
+    """Else a guest that just yielded would be packed there again the next round."""
+    bound = JigsawParams().yield_slowdown
+    host = job(
+        1, 1, model(1, 10_000, utilization=0.3), state=JobState.RUNNING, gpus=(100,), arrived=600
+    )
+    guest = job(2, 1, model(1, 10_000, utilization=0.3))
+    cluster = nodes(1, 1, held={100: 1})
+    assert jigsaw.schedule(snap(cluster, host, guest)).start == (Placement(2, (100,), {}),)
+    for measured, packed in ((bound + 0.05, False), (bound - 0.05, True)):
+        slowed = replace(host, colocated_slowdown=measured)
+        assert bool(jigsaw.schedule(snap(cluster, slowed, guest)).start) is packed
 
 
 def test_jigsaw_is_the_default_policy_of_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:

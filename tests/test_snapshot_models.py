@@ -314,3 +314,28 @@ def test_a_job_s_utilization_is_what_its_full_backprop_iterations_reported(
     assert models[measured] is not None and models[measured].utilization == pytest.approx(0.4)
     assert models[silent] is not None and models[silent].utilization is None
     assert models[absurd] is not None and models[absurd].utilization is None
+
+
+def test_a_job_s_slowdown_beside_co_runners_is_measured_against_its_steps_alone(
+    factory: sessionmaker[Session],
+) -> None:
+    """Recent iterations with another job on its GPU over its iterations alone, at the
+    same backprop; none without both, or once its co-runners left its recent
+    iterations."""
+    add_nodes(factory, {"a": 8})
+    host, alone, shared, modes, unreported, left = (add_job(factory, workers=1) for _ in range(6))
+    report(factory, host, range(0, 100), step=1.0, comm=0.0, co_runners=0)
+    report(factory, host, range(100, 130), step=1.5, comm=0.0, co_runners=1)
+    report(factory, alone, range(0, 50), step=1.0, comm=0.0, co_runners=0)
+    report(factory, shared, range(0, 50), step=1.5, comm=0.0, co_runners=2)
+    report(factory, modes, range(0, 50), step=1.0, comm=0.0, co_runners=0)
+    report(factory, modes, range(50, 80), step=1.6, comm=0.0, co_runners=1, spb_depth=0.5)
+    report(factory, unreported, range(0, 50), step=1.0, comm=0.0)
+    report(factory, unreported, range(50, 80), step=1.5, comm=0.0, co_runners=1)
+    report(factory, left, range(0, 20), step=2.0, comm=0.0, co_runners=1)
+    report(factory, left, range(20, 60), step=1.0, comm=0.0, co_runners=0)
+    slowdowns = {job.id: job.colocated_slowdown for job in snapshot(factory).jobs}
+    assert slowdowns[host] == pytest.approx(1.5)
+    assert slowdowns[alone] is None and slowdowns[shared] is None
+    assert slowdowns[modes] is None  # SPB's steps are not full backprop's
+    assert slowdowns[unreported] is None and slowdowns[left] is None

@@ -69,6 +69,9 @@ class JobView:
     held_since: datetime | None = None  # when its current hold began (None: holds none)
     preempted: bool = False  # SUSPENDED by a policy: waiting to be placed again
     model: JobModel | None = None  # what is known of its speed (None: nothing)
+    # How many times longer its iterations took beside co-runners on its GPU than alone,
+    # as measured on the cluster (None: not measured; the simulator measures nothing).
+    colocated_slowdown: float | None = None
     # Its spec's SPB setting: off, a fixed configuration, or auto (the policy chooses;
     # the simulator's traces carry no setting and leave it to the policy).
     spb_setting: SPBSetting = "auto"

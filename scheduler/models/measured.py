@@ -28,6 +28,10 @@ through the `(job_id, iteration)` index):
 - utilization: the mean GPU utilization (0-1) its recent full-backprop iterations
   reported, the solo utilization the interference model reads; none reported (or only
   under SPB), it is None and JigSaw neither packs it nor packs beside it.
+
+Apart from the model (`colocated_slowdowns`, one more query): how much longer a job's
+iterations took beside co-runners than alone, measured, which JigSaw weighs against its
+bound in place of the prediction (a guest yields when its host's passes it).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import and_, case, func, select
 from sqlalchemy.orm import Session
 
 from jigsaw import spb
@@ -47,6 +51,10 @@ from scheduler.orm import GPU, Allocation, IterationMetric, Job, ModelProfile
 logger = logging.getLogger(__name__)
 
 RECENT_ITERATIONS = 20
+# How far back a job's iterations alone count as its reference for the slowdown beside
+# co-runners: a host's iterations alone precede its guest's arrival, and it keeps the
+# guest for leases on end.
+SOLO_ITERATIONS = 200
 UNKNOWN_ITERATIONS = 10**12  # JobSpec's ceiling for max_iterations
 
 
@@ -142,6 +150,39 @@ def _recent_speeds(
         )
         (full if is_full else partial)[job_id] = speed
     return full, partial
+
+
+def colocated_slowdowns(session: Session, active_states: Iterable[str]) -> dict[int, float]:
+    """Each active job's measured slowdown beside co-runners: the mean step of its
+    recent iterations (the last `RECENT_ITERATIONS`) that had another job on its GPU
+    over the mean step of its iterations alone (within the last `SOLO_ITERATIONS`), at
+    the same backprop (full, or under SPB); the larger of the two where both are
+    measured. Only jobs with both kinds of iterations; iterations whose co-runners were
+    not reported count as neither. One query."""
+    at_full = IterationMetric.spb_depth.is_(None)
+    recent = IterationMetric.iteration > Job.iterations_done - RECENT_ITERATIONS
+    rows = session.execute(
+        select(
+            IterationMetric.job_id,
+            at_full,
+            func.avg(
+                case((and_(IterationMetric.co_runners > 0, recent), IterationMetric.step_seconds))
+            ),
+            func.avg(case((IterationMetric.co_runners == 0, IterationMetric.step_seconds))),
+        )
+        .join(Job, Job.id == IterationMetric.job_id)
+        .where(
+            Job.state.in_(list(active_states)),
+            IterationMetric.iteration > Job.iterations_done - SOLO_ITERATIONS,
+        )
+        .group_by(IterationMetric.job_id, at_full)
+    )
+    slowdowns: dict[int, float] = {}
+    for job_id, _, shared, alone in rows:
+        if shared is None or alone is None or alone <= 0:
+            continue
+        slowdowns[job_id] = max(slowdowns.get(job_id, 0.0), float(shared) / float(alone))
+    return slowdowns
 
 
 def _solo_utilization(speed: _Speed | None) -> float | None:

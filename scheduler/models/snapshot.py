@@ -19,7 +19,7 @@ from scheduler.core.snapshot import (
     NodeView,
 )
 from scheduler.core.states import JobState, SuspendedBy
-from scheduler.models.measured import ActiveJob, job_models
+from scheduler.models.measured import ActiveJob, colocated_slowdowns, job_models
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
 
 # A stored spec was validated at submission: only its SPB setting is parsed again.
@@ -27,9 +27,9 @@ _SPB_SETTING: TypeAdapter[SPBSetting] = TypeAdapter(SPBSetting)
 
 
 def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
-    """Read the cluster in eight queries, whatever its size (nodes, GPUs, holds, service,
-    jobs, the newest submission, and the jobs' recent iterations and SPB profiles for
-    their models)."""
+    """Read the cluster in nine queries, whatever its size (nodes, GPUs, holds, service,
+    jobs, the newest submission, the jobs' recent iterations and SPB profiles for their
+    models, and their measured slowdowns beside co-runners)."""
     # A node without an agent, or whose agent timed out, offers no capacity; a removed
     # node is not part of the cluster.
     node_rows = session.execute(
@@ -102,6 +102,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
         active,
         max((gpu.memory_bytes for gpus in gpus_by_node.values() for gpu in gpus), default=0),
     )
+    slowdowns = colocated_slowdowns(session, active)
     jobs = tuple(
         JobView(
             id=job.id,
@@ -116,6 +117,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             held_since=held_since.get(job.id),
             preempted=job.state == JobState.SUSPENDED and job.suspended_by == SuspendedBy.POLICY,
             model=models.get(job.id),
+            colocated_slowdown=slowdowns.get(job.id),
             spb_setting=_SPB_SETTING.validate_python(job.spec.get("spb", "off")),
             max_iterations=job.spec.get("max_iterations"),
             sizes=_sizes(job.spec),

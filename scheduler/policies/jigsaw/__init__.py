@@ -60,7 +60,9 @@ over jobs divided by the GPUs. Each round:
    is not known (on the cluster: not reported yet) is neither guest nor host. GPU
    memory is never over-committed. A guest is placed only when the gain net of what
    its hosts lose is at least `min_gain` GPUs, and yields at the next lease boundary
-   once a host's iteration takes more than `yield_slowdown` times as long as alone.
+   once a host's iteration takes more than `yield_slowdown` times as long as alone:
+   measured on the cluster where the host has run beside co-runners (the snapshot's
+   `colocated_slowdown`), else predicted; no guest joins a host measured past it.
 
 The steps are modules of this package: `ordering` (1), `sizing` and `growth` (2),
 `spb_choice` (3), `packing` (4); `params.JigsawParams` holds every constant named here,

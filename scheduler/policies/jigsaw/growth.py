@@ -146,9 +146,9 @@ def keep_guests(
     yield_slowdown: float,
 ) -> set[int]:
     """Put the guests not placed on GPUs of their own back where they are packed (on
-    usable GPUs), unless a host there would then take more than `yield_slowdown` times
-    as long per iteration as alone (the guest yields: it is suspended and waits); the
-    guests so kept."""
+    usable GPUs), unless a host there takes more than `yield_slowdown` times as long
+    per iteration as alone, measured where it has been (`Layout.host_slowdown`), else
+    predicted (the guest yields: it is suspended and waits); the guests so kept."""
     kept: set[int] = set()
     for job in ordered:
         if (
@@ -158,7 +158,7 @@ def keep_guests(
         ):
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
             hosts = {h for g in job.allocated_gpu_ids for h in layout.on_gpu[g] if h != job.id}
-            if any(layout.slowdown(h) > yield_slowdown for h in hosts if h not in guests):
+            if any(layout.host_slowdown(h) > yield_slowdown for h in hosts if h not in guests):
                 layout.take(job.id)
                 continue
             kept.add(job.id)

@@ -85,6 +85,13 @@ class Layout:
             return 1.0
         return stretched_step(shape, self.stretch(job_id)) / shape.step_seconds
 
+    def host_slowdown(self, job_id: int) -> float:
+        """The job's slowdown beside its co-runners as measured on the cluster (its
+        iterations beside them over those alone), else as predicted (`slowdown`). A
+        measurement cannot tell which co-runner caused it, so it stands for them all."""
+        measured = self.jobs[job_id].colocated_slowdown
+        return measured if measured is not None else self.slowdown(job_id)
+
 
 def guests_of(snapshot: ClusterSnapshot) -> set[int]:
     """Running jobs that joined a GPU another job held first."""

@@ -137,7 +137,7 @@ def _pack_one(rooms: _Rooms, job: JobView, size: int, params: JigsawParams) -> b
             }
             if not configs:
                 continue
-        gain = _gain(layout, job, choice, configs, params.max_host_loss)
+        gain = _gain(layout, job, choice, configs, params)
         if gain >= params.min_gain * len(choice) and (best is None or gain > best[0]):
             best = (gain, choice, configs)
     if best is None:
@@ -154,10 +154,16 @@ def _gain(
     job: JobView,
     choice: tuple[int, ...],
     configs: dict[int, SPBConfig | None],
-    max_host_loss: float,
+    params: JigsawParams,
 ) -> float:
     """Useful GPUs gained by placing `job` on `choice` with these host configurations."""
     hosts = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
+    # A host measured past the yield bound beside its last co-runners would send the
+    # guest away at the next boundary: none is packed there until that measurement
+    # leaves its recent iterations.
+    measured = (layout.jobs[h].colocated_slowdown for h in hosts)
+    if any(m is not None and m > params.yield_slowdown for m in measured):
+        return -math.inf
     # Every job sharing a GPU with a host is affected through the host's pace only.
     before = {h: layout.useful(h) for h in hosts}
     saved = {h: layout.config[h] for h in configs}
@@ -169,6 +175,6 @@ def _gain(
     layout.config.update(saved)
     # Hosts are ahead of the guest in the order (shorter, or starving): packing must
     # not cost them more than `max_host_loss` of their progress.
-    if any(after[h] < before[h] * (1.0 - max_host_loss) for h in hosts):
+    if any(after[h] < before[h] * (1.0 - params.max_host_loss) for h in hosts):
         return -math.inf
     return guest + sum(after.values()) - sum(before.values())

@@ -67,7 +67,8 @@ class JigsawParams(BaseModel):
         default=1.15,
         ge=1.0,
         description="A guest yields at the next lease boundary when a host's iteration "
-        "takes more than this many times as long as with its GPUs to itself (above "
+        "takes more than this many times as long as with its GPUs to itself: measured on "
+        "the cluster where the host has run beside co-runners, else predicted (above "
         "1 / (1 - max_host_loss), so that a guest is not packed only to yield).",
     )
     efficiency_floors: tuple[_Fraction, ...] = Field(
