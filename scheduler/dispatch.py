@@ -98,6 +98,11 @@ class Dispatcher(Protocol):
         """Nodes whose `active()` entries are first-hand: their agents are connected now."""
         ...
 
+    def freeing(self) -> frozenset[tuple[str, int]]:
+        """(node, GPU index) still held by the processes of runs told to suspend or stop
+        (or strays): the database freed them, a launch there would be refused."""
+        ...
+
     def node_lost(self, node_name: str) -> None:
         """The node's agent was declared dead: whatever ran there is gone or stray."""
         ...
@@ -182,6 +187,10 @@ class SimulatedDispatcher:
 
     def connected(self) -> frozenset[str]:
         # Simulated runs live in this process: `jigsaw up` requeues them at start-up.
+        return frozenset()
+
+    def freeing(self) -> frozenset[tuple[str, int]]:
+        # A simulated run ends the moment it is told to.
         return frozenset()
 
     def node_lost(self, node_name: str) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,7 +31,7 @@ from scheduler.core.rounds import Decision, RoundResult
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.core.states import TERMINAL, IllegalTransition, JobState, SuspendedBy
 from scheduler.core.validate import validate
-from scheduler.core.waits import UNPLACEABLE, estimated_starts, explain
+from scheduler.core.waits import UNPLACEABLE, Wait, estimated_starts, explain, freeing_reason
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import agents, allocations
@@ -174,13 +174,15 @@ class SchedulerService:
             quotas = queue_models.quotas(session)
         plan, decision = schedule_within(self._policy, quotas, snapshot)
         plan = self._checked(plan, snapshot)
-        self._explain_waits(snapshot, plan, decision, quotas, now)
         if self._telemetry is not None:
             self._telemetry.observe_quotas(snapshot, plan, decision, quotas)
         suspended, stopped = self._end_runs(plan, now)
+        # After the suspensions and stops went out: their GPUs are being given back.
+        ready, held_back = self._held_back(plan, snapshot)
+        self._explain_waits(snapshot, plan, decision, quotas, now, held_back)
         reconfigured = self._reconfigure(plan.reconfigure, now)
         self._ask_resizes(plan.resize, now)
-        launched = self._start(plan, snapshot, now) + relaunched
+        launched = self._start(ready, snapshot, now) + relaunched
         return RoundResult(
             started_at=now,
             reports=len(reports),
@@ -420,6 +422,29 @@ class SchedulerService:
 
     # -- 4. the plan ----------------------------------------------------------------
 
+    def _held_back(self, plan: Plan, snapshot: ClusterSnapshot) -> tuple[Plan, dict[int, Wait]]:
+        """The plan without the starts on GPUs that the processes of a job suspended or
+        stopped (this round or before) still hold, and why each of those waits. The
+        database freed those GPUs; launching there now would be refused, and the job
+        would go back and forth between SCHEDULED and QUEUED until the processes exit
+        (as long as a checkpoint takes to write). It stays QUEUED instead."""
+        freeing = self._dispatcher.freeing()
+        if not freeing:
+            return plan, {}
+        gpus = snapshot.gpus_by_id()
+        ready, waits = [], {}
+        for placement in plan.start:
+            held = [
+                f"{gpus[gpu_id].node_name}:{gpus[gpu_id].index}"
+                for gpu_id in placement.gpu_ids
+                if (gpus[gpu_id].node_name, gpus[gpu_id].index) in freeing
+            ]
+            if held:
+                waits[placement.job_id] = freeing_reason(held)
+            else:
+                ready.append(placement)
+        return replace(plan, start=tuple(ready)), waits
+
     def _explain_waits(
         self,
         snapshot: ClusterSnapshot,
@@ -427,11 +452,13 @@ class SchedulerService:
         decision: QuotaDecision | None,
         quotas: Quotas,
         now: datetime,
+        held_back: Mapping[int, Wait],
     ) -> None:
         """Give every waiting job the plan does not start its reason (`scheduler.core.
         waits`: no capacity can ever hold it, its queue has no room, too few GPUs free,
-        jobs ahead of it), shown by the API, CLI and dashboard; a transition clears it."""
-        waits = explain(snapshot, plan, decision, quotas, self._policy_name)
+        jobs ahead of it; placed on GPUs still being given back: `held_back`), shown by
+        the API, CLI and dashboard; a transition clears it."""
+        waits = {**explain(snapshot, plan, decision, quotas, self._policy_name), **held_back}
         reasons = {job_id: wait.text for job_id, wait in waits.items()}
         starts = estimated_starts(snapshot, plan, decision, self._policy_name)
         with transaction(self._factory) as session:

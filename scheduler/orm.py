@@ -310,6 +310,20 @@ class CodeArchive(Base):
     uploaded_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class CodeOwner(Base):
+    """Who uploaded an archive: only they may name it in a job's spec. Knowing a digest
+    (which a spec, a log or the code itself may give away) is not enough to run it."""
+
+    __tablename__ = "code_owners"
+
+    digest: Mapped[str] = mapped_column(
+        ForeignKey("code_archives.digest", ondelete="CASCADE"), primary_key=True
+    )
+    user_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"), primary_key=True
+    )
+
+
 class ModelProfile(Base):
     """Measured per-stage costs of a workload (filled by the SPB profiler)."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jigsaw import codearchive
-from worker_agent.code import CodeCache, CodeError
+from worker_agent.code import CacheBounds, CodeCache, CodeError
 from worker_agent.isolation import resolve_worker_identity
 
 
@@ -96,3 +96,46 @@ def test_as_root_the_code_belongs_to_the_worker_user_only(tmp_path: Path) -> Non
     # The archive the agent keeps stays the agent's.
     (cached,) = (tmp_path / "cache").iterdir()
     assert cached.stat().st_uid == os.geteuid()
+
+
+def test_the_cache_drops_idle_archives_and_the_least_recently_launched_past_its_size(
+    tmp_path: Path,
+) -> None:
+    archives = {name: _archive(tmp_path / "src" / name, f"NAME = {name!r}\n") for name in "abc"}
+    by_digest = {codearchive.digest_of(data): data for data in archives.values()}
+    digests = {name: codearchive.digest_of(data) for name, data in archives.items()}
+    fetched: list[str] = []
+
+    def fetch(job_id: int, digest: str) -> bytes:
+        fetched.append(digest)
+        return by_digest[digest]
+
+    def cached() -> set[str]:
+        return {"sha256:" + p.name.removesuffix(".tar.gz") for p in (tmp_path / "c").iterdir()}
+
+    now = [1_000_000.0]
+    two = sum(sorted(len(data) for data in archives.values())[1:])  # room for any two
+    bounds = CacheBounds(max_bytes=two, max_idle_seconds=3600)
+    cache = CodeCache(tmp_path / "c", fetch, None, bounds, clock=lambda: now[0])
+
+    cache.unpacked(1, digests["a"], tmp_path / "job-1")
+    now[0] += 60
+    cache.unpacked(2, digests["b"], tmp_path / "job-2")
+    now[0] += 60
+    cache.unpacked(3, digests["a"], tmp_path / "job-3")  # a launched again: b is older
+    now[0] += 60
+    cache.unpacked(4, digests["c"], tmp_path / "job-4")
+    # Past its size the least recently launched went; the job's unpacked code stays.
+    assert cached() == {digests["a"], digests["c"]}
+    assert (tmp_path / "job-2" / "code" / "my_pkg" / "trial.py").is_file()
+    # Idle past max_idle_seconds: gone at the next launch, all but the one launched.
+    now[0] += 3600 + 1
+    cache.unpacked(5, digests["b"], tmp_path / "job-5")
+    assert cached() == {digests["b"]}
+    # A bound below one archive keeps the archive a launch uses.
+    tiny = CodeCache(tmp_path / "c", fetch, None, CacheBounds(max_bytes=0), lambda: now[0])
+    assert tiny.prune() == [tmp_path / "c" / (digests["b"].removeprefix("sha256:") + ".tar.gz")]
+    tiny.unpacked(6, digests["a"], tmp_path / "job-6")
+    assert cached() == {digests["a"]}
+    # What went was fetched again when launched again, and only that.
+    assert fetched == [digests[n] for n in "abcba"]

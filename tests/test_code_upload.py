@@ -138,3 +138,26 @@ def test_code_is_deleted_with_the_retention_of_the_jobs_that_name_it(
     assert service.expire_code(later + timedelta(seconds=retention + 60)) == 1
     assert _stored(live_api.engine) == set()
     assert unused not in _stored(live_api.engine)
+
+
+def test_only_who_uploaded_an_archive_may_run_it(live_api: LiveApi, tmp_path: Path) -> None:
+    data = _code(tmp_path)
+    with live_api.client(live_api.alice) as alice:
+        digest = _upload(alice, data).json()["digest"]
+    unknown = "sha256:" + "0" * 64
+    with live_api.client(live_api.bob) as bob, live_api.client(live_api.root) as root:
+        # Knowing alice's digest is not enough, for a user or an admin; the refusal is
+        # the one an unknown digest gets, so it tells nobody what code others run.
+        for client in (bob, root):
+            stolen = client.post("/v1/jobs", json={**SPEC, "code": digest})
+            assert stolen.status_code == 422, stolen.text
+            assert stolen.json()["error"]["details"][0]["loc"] == "code"
+            guessed = client.post("/v1/jobs", json={**SPEC, "code": unknown}).json()
+            assert (
+                stolen.json()["error"]["message"].replace(digest, unknown)
+                == (guessed["error"]["message"])
+            )
+        # Uploading the same code makes it bob's too: new to him (201, not 200).
+        assert _upload(bob, data).status_code == 201
+        assert bob.post("/v1/jobs", json={**SPEC, "code": digest}).status_code == 201
+    assert _stored(live_api.engine) == {digest}

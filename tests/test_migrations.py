@@ -6,14 +6,14 @@ import threading
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, select
 
 from jigsaw.jobspec import JobSpec
 from scheduler.db import make_engine, session_factory, transaction
 from scheduler.migrate import current_revision, downgrade, head_revision, upgrade
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
-from scheduler.orm import Base, Job
+from scheduler.orm import Base, CodeArchive, CodeOwner, Job
 
 
 def test_upgrade_downgrade_upgrade_and_no_drift(db_url: str) -> None:
@@ -80,4 +80,29 @@ def test_suspensions_recorded_as_messages_get_who_suspended_them(db_url: str) ->
     with factory() as session:
         found = {key: session.get_one(Job, job_id).suspended_by for key, job_id in ids.items()}
     assert found == rows
+    engine.dispose()
+
+
+def test_uploaded_code_belongs_to_the_owners_of_the_jobs_that_name_it(db_url: str) -> None:
+    """Archives uploaded before `code_owners` existed stay runnable by who ran them."""
+    engine = make_engine(db_url)
+    upgrade(engine)
+    factory = session_factory(engine)
+    named, unnamed = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    with transaction(factory) as session:
+        session.add_all(CodeArchive(digest=d, size=1, data=b"x") for d in (named, unnamed))
+        owners = {}
+        for name in ("alice", "bob", "carol"):
+            user = get_or_create_user(session, name)
+            owners[name] = user.id
+            spec = JobSpec(name="j", workload="my_pkg.trial:T", max_iterations=10)
+            if name != "carol":
+                spec = spec.model_copy(update={"code": named})
+            for _ in range(2):  # two jobs of one owner make one row
+                submit(session, spec, Principal("user", user.id, user.name, False))
+    downgrade(engine, "queues_quotas")
+    upgrade(engine)
+    with factory() as session:
+        rows = {tuple(row) for row in session.execute(select(CodeOwner.digest, CodeOwner.user_id))}
+    assert rows == {(named, owners["alice"]), (named, owners["bob"])}
     engine.dispose()

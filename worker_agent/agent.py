@@ -28,7 +28,7 @@ from jigsaw import __version__
 from jigsaw.gpus import GpuSlot
 from jigsaw.proto.v2 import agent_pb2, agent_pb2_grpc
 from worker_agent import mps, wire
-from worker_agent.code import LIMITS, CodeCache, CodeError
+from worker_agent.code import LIMITS, CacheBounds, CodeCache, CodeError
 from worker_agent.diagnosis import log_diagnosis
 from worker_agent.gpus import discover, probe_cuda
 from worker_agent.isolation import make_non_dumpable, token_file_warning
@@ -125,7 +125,9 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
         settings.work_dir / _CODE_CACHE,
         _code_fetcher(settings, identity, stub),
         supervisor.worker_identity,
+        CacheBounds(settings.code_cache_max_bytes, settings.code_cache_max_idle_seconds),
     )
+    code_cache.prune()
     try:
         _serve(settings, identity, slots, supervisor, code_cache, outbox, stub, stop)
     finally:

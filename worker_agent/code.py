@@ -6,6 +6,11 @@ with a user's token. It is checked against the digest the job's spec names befor
 is cached or unpacked (a tampered archive fails the launch with that reason), and
 again when read from the cache. Unpacking is `jigsaw.codearchive.unpack`: regular files
 and directories under relative paths only, within limits, with tarfile's data filter.
+
+The cache is bounded (`CacheBounds`): an archive's modification time is its last
+launch here; one idle past `max_idle_seconds` goes, and past `max_bytes` the least
+recently launched go, never the one a launch is using. A running job needs no cached
+archive (its code is unpacked in its own directory); a resumed one fetches it again.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from jigsaw import codearchive
@@ -33,13 +40,30 @@ class CodeError(RuntimeError):
     """A job's code could not be made ready here; the text says why, for its job."""
 
 
+@dataclass(frozen=True)
+class CacheBounds:
+    """What the cache keeps (the agent's `code_cache_*` settings)."""
+
+    max_bytes: int = 2 << 30
+    max_idle_seconds: float = 7 * 24 * 3600.0
+
+
 class CodeCache:
     """Archives by digest under `cache_dir`, unpacked per job for its workers."""
 
-    def __init__(self, cache_dir: Path, fetch: Fetch, identity: WorkerIdentity | None) -> None:
+    def __init__(
+        self,
+        cache_dir: Path,
+        fetch: Fetch,
+        identity: WorkerIdentity | None,
+        bounds: CacheBounds = CacheBounds(),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._cache_dir = cache_dir
         self._fetch = fetch
         self._identity = identity
+        self._bounds = bounds
+        self._clock = clock
 
     def unpacked(self, job_id: int, digest: str, job_dir: Path) -> Path:
         """`job_dir`/code holding the job's code (unpacked afresh, so a resumed job
@@ -60,8 +84,34 @@ class CodeCache:
         self._make_private(destination)
         return destination
 
+    def prune(self, keep: Path | None = None) -> list[Path]:
+        """Delete the archives past the bounds (`keep`, the one a launch uses, stays);
+        returns those deleted, least recently launched first."""
+        now = self._clock()
+        entries = [(path, path.stat()) for path in self._cache_dir.glob("*.tar.gz")]
+        entries.sort(key=lambda entry: entry[1].st_mtime)
+        total = sum(stat.st_size for _, stat in entries)
+        deleted = []
+        for path, stat in entries:
+            idle = now - stat.st_mtime > self._bounds.max_idle_seconds
+            if path == keep or not (idle or total > self._bounds.max_bytes):
+                continue
+            path.unlink(missing_ok=True)
+            total -= stat.st_size
+            deleted.append(path)
+        if deleted:
+            logger.info("code cache: deleted %d archive(s) past its bounds", len(deleted))
+        return deleted
+
     def _archive(self, job_id: int, digest: str) -> bytes:
         cached = self._cache_dir / f"{digest.removeprefix('sha256:')}.tar.gz"
+        data = self._cached_or_fetched(job_id, digest, cached)
+        now = self._clock()
+        os.utime(cached, (now, now))  # its last launch here
+        self.prune(keep=cached)
+        return data
+
+    def _cached_or_fetched(self, job_id: int, digest: str, cached: Path) -> bytes:
         if cached.is_file():
             data = cached.read_bytes()
             if codearchive.digest_of(data) == digest:

@@ -10,6 +10,7 @@ from pydantic import Field, PositiveInt, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jigsaw.home import HomeSettings
+from worker_agent.code import CacheBounds
 
 
 def default_work_dir() -> Path:
@@ -79,6 +80,19 @@ class AgentSettings(WorkerSettings):
         default_factory=default_work_dir,
         description="Per-node directory for worker config files and per-rank log files "
         "(`job-<id>/`); `$JIGSAW_HOME/agent` by default.",
+    )
+    code_cache_max_bytes: int = Field(
+        default=CacheBounds().max_bytes,
+        ge=0,
+        description="Largest total size of the jobs' code archives cached in work_dir/"
+        "code-cache; past it the least recently launched go (never the one a launch "
+        "is using). A job whose archive went fetches it again if it is resumed here.",
+    )
+    code_cache_max_idle_seconds: float = Field(
+        default=CacheBounds().max_idle_seconds,
+        gt=0,
+        description="A cached code archive no launch on this node used for this long is "
+        "deleted (checked at every launch and when the agent starts).",
     )
     torch_threads: PositiveInt = Field(
         default=1, description="CPU threads each training process uses (torch, OpenMP, MKL)."

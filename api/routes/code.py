@@ -39,16 +39,17 @@ def limits_of(request: Request) -> codearchive.Limits:
     },
 )
 async def upload_code(
-    request: Request, response: Response, _user: User, factory: Factory
+    request: Request, response: Response, user: User, factory: Factory
 ) -> CodeOut:
     """Store a gzipped tar of a job's code (`jigsaw submit --code DIR` makes one) and
     answer its digest for the spec's `code`. Larger than JIGSAW_API_MAX_CODE_BYTES: 413;
     not a tar of regular files and directories under relative paths: 422. Idempotent:
-    the same archive again is 200 with the same digest."""
+    the same archive again from the same user is 200 with the same digest. The archive
+    is the uploader's: a spec may name only code its submitter uploaded."""
     data = await request.body()
     try:
         with transaction(factory) as session:
-            digest, new = code_models.store(session, data, limits_of(request))
+            digest, new = code_models.store(session, data, limits_of(request), user)
     except codearchive.ArchiveError as exc:
         raise ApiProblem(
             422, f"invalid code archive: {exc}", [{"loc": "body", "message": str(exc)}]

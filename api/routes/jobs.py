@@ -60,7 +60,8 @@ def submit_job(request: Request, spec: JobSpec, user: User, factory: Factory) ->
     caller (422 otherwise). One asking for more GPUs than the cluster has ever
     registered is refused (422) unless settings.api.refuse_unplaceable is off; a job
     that waits says why in `pending_reason` and where it stands in `position`. A
-    spec's `code` must name an archive uploaded with POST /v1/code (else 422)."""
+    spec's `code` must name an archive the caller uploaded with POST /v1/code (else
+    422, the same whether the digest is unknown or someone else's)."""
     with transaction(factory) as session:
         if request.app.state.settings.api.refuse_unplaceable:
             registered = job_models.gpus_registered(session)
@@ -75,10 +76,10 @@ def submit_job(request: Request, spec: JobSpec, user: User, factory: Factory) ->
                     f"invalid request: workers: {message}",
                     [{"loc": "workers", "message": message}],
                 )
-        if spec.code is not None and not code_models.stored(session, spec.code):
+        if spec.code is not None and not code_models.owned(session, spec.code, user):
             message = (
-                f"no code archive {spec.code}: upload it first (POST /v1/code, or "
-                "`jigsaw submit --code DIR`)"
+                f"you have no code archive {spec.code}: upload it first (POST /v1/code, "
+                "or `jigsaw submit --code DIR`)"
             )
             raise ApiProblem(
                 422, f"invalid request: code: {message}", [{"loc": "code", "message": message}]

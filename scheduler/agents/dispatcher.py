@@ -411,6 +411,10 @@ class AgentDispatcher:
         with self._lock:
             return frozenset(self._sessions)
 
+    def freeing(self) -> frozenset[tuple[str, int]]:
+        with self._lock:
+            return self._ending_holds()
+
     # -- helpers ----------------------------------------------------------------------
 
     def _command(
@@ -536,12 +540,12 @@ class AgentDispatcher:
             if not self._jobs[job_id]:
                 self._drop_job(job_id)
 
-    def _busy_gpus(self, wanted: Mapping[str, Sequence[pb.RankAssignment]]) -> list[str]:
-        """`node:index` of the wanted GPUs that processes of an ending run still hold: a
-        stray, or one told to stop or suspend (lock held). A current run that goes on
-        holds its GPU in the database too, so a placement beside it is the policy's
-        choice to share the GPU, which the agent accepts or refuses by its room."""
-        held = {
+    def _ending_holds(self) -> frozenset[tuple[str, int]]:
+        """(node, GPU index) that processes of an ending run still hold: a stray, or one
+        told to stop or suspend (lock held). A current run that goes on holds its GPU in
+        the database too, so a placement beside it is the policy's choice to share the
+        GPU, which the agent accepts or refuses by its room."""
+        return frozenset(
             (node, gpu)
             for job_id, nodes in self._jobs.items()
             for node, run in nodes.items()
@@ -549,7 +553,11 @@ class AgentDispatcher:
             or (job_id, node) in self._stopping
             or (job_id, node) in self._suspending
             for gpu in run.ranks.values()
-        }
+        )
+
+    def _busy_gpus(self, wanted: Mapping[str, Sequence[pb.RankAssignment]]) -> list[str]:
+        """`node:index` of the wanted GPUs that an ending run still holds (lock held)."""
+        held = self._ending_holds()
         return sorted(
             f"{node}:{a.gpu_index}"
             for node, assignments in wanted.items()

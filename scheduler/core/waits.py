@@ -3,7 +3,9 @@
 Pure: from the round's snapshot, the plan that will be applied and the quota layer's
 decision. The first reason that holds is given, most fundamental first: the cluster
 can never hold the job; its queue has no room; not enough GPUs are free; jobs ahead
-of it in the order (priority, then submission) wait too; the policy chose others.
+of it in the order (priority, then submission) wait too; the policy chose others. A
+job the policy placed on GPUs that an ending job's processes still hold waits for them
+to exit (the loop holds such starts back: `freeing_reason`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,21 @@ QUOTA = "quota"  # its queue has no room left
 CAPACITY = "capacity"  # not enough GPUs free now
 ORDER = "order"  # jobs ahead of it wait too
 POLICY = "policy"  # the policy chose others
+FREEING = "freeing"  # placed on GPUs an ending job's processes still hold
 
 
 class Wait(NamedTuple):
     kind: str
     text: str
+
+
+def freeing_reason(gpus: list[str]) -> Wait:
+    """Why a job placed on `gpus` (`node:index`) was not launched this round."""
+    return Wait(
+        FREEING,
+        f"placed on {', '.join(gpus)}, still held by the processes of a suspended or "
+        "stopped job while they checkpoint and exit; starts once they are gone",
+    )
 
 
 def unplaceable_reason(workers: int, largest_gang: int) -> str | None:

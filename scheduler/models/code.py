@@ -1,4 +1,5 @@
-"""Jobs' code archives: stored by digest on upload, read by agents, expired by retention."""
+"""Jobs' code archives: stored by digest on upload, owned by who uploaded them, read by
+agents, expired by retention."""
 
 from __future__ import annotations
 
@@ -9,25 +10,38 @@ from sqlalchemy.orm import Session
 
 from jigsaw import codearchive
 from scheduler.models.agents import ran_on
-from scheduler.orm import CodeArchive, Job, Node, utcnow
+from scheduler.models.users import Principal
+from scheduler.orm import CodeArchive, CodeOwner, Job, Node, utcnow
 
 
-def store(session: Session, data: bytes, limits: codearchive.Limits) -> tuple[str, bool]:
+def store(
+    session: Session, data: bytes, limits: codearchive.Limits, owner: Principal
+) -> tuple[str, bool]:
     """Check `data` (an ArchiveError says why it is refused) and keep it under its
-    digest; returns the digest and whether it was new."""
+    digest as `owner`'s; returns the digest and whether it was new to the owner
+    (whether someone else holds the same code is nobody else's business)."""
+    if owner.user_id is None:
+        raise ValueError("only users upload code")
+    user_id = owner.user_id
     codearchive.check(data, limits)
     digest = codearchive.digest_of(data)
     known = session.get(CodeArchive, digest)
     if known is not None:
         known.uploaded_at = utcnow()
+    else:
+        session.add(CodeArchive(digest=digest, size=len(data), data=data))
+        session.flush()
+    if session.get(CodeOwner, (digest, user_id)) is not None:
         return digest, False
-    session.add(CodeArchive(digest=digest, size=len(data), data=data))
+    session.add(CodeOwner(digest=digest, user_id=user_id))
     session.flush()
     return digest, True
 
 
-def stored(session: Session, digest: str) -> bool:
-    return session.scalar(select(exists().where(CodeArchive.digest == digest))) or False
+def owned(session: Session, digest: str, user: Principal) -> bool:
+    """Whether `user` uploaded the archive `digest` (and it is still stored)."""
+    mine = exists().where(CodeOwner.digest == digest, CodeOwner.user_id == user.user_id)
+    return session.scalar(select(mine)) or False
 
 
 def archive_of_job(session: Session, job_id: int, digest: str) -> bytes | None:
