@@ -84,7 +84,7 @@ from jigsaw import spb
 from scheduler.core.interference import fitted
 from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.snapshot import ClusterSnapshot, GPUView
-from scheduler.policies.jigsaw import growth, ordering, packing, sizing, spb_choice
+from scheduler.policies.jigsaw import growth, ordering, packing, resizing, sizing, spb_choice
 from scheduler.policies.jigsaw.layout import Layout, guests_of
 from scheduler.policies.jigsaw.params import CONFIGS, JigsawParams
 from scheduler.policies.placement import candidates
@@ -159,17 +159,29 @@ def _usable(snapshot: ClusterSnapshot) -> dict[int, GPUView]:
 
 
 def _plan(snapshot: ClusterSnapshot, layout: Layout, started: list[int], moved: list[int]) -> Plan:
-    """The changes from what runs now to `layout`."""
+    """The changes from what runs now to `layout`: a moved elastic job is resized, the
+    other moved jobs suspended and started again."""
+    resize = resizing.resizes(layout, moved)
+    resized = {change.job_id for change in resize}
     suspend = tuple(
-        sorted([j.id for j in snapshot.jobs if j.holding and j.id not in layout.jobs] + moved)
+        sorted(
+            [j.id for j in snapshot.jobs if j.holding and j.id not in layout.jobs]
+            + [job_id for job_id in moved if job_id not in resized]
+        )
     )
     start = tuple(
-        Placement(job_id, layout.gpus[job_id], spb.as_json(layout.config[job_id]))
+        Placement(
+            job_id,
+            layout.gpus[job_id],
+            spb.as_json(layout.config[job_id]),
+            resizing.batch(layout, job_id),
+        )
         for job_id in started
+        if job_id not in resized
     )
     reconfigure = tuple(
         Reconfigure(job_id, spb.as_json(layout.config[job_id]))
         for job_id, job in layout.jobs.items()
         if job.holding and job_id not in moved and spb.as_json(layout.config[job_id]) != job.spb
     )
-    return Plan(start=start, suspend=suspend, reconfigure=reconfigure)
+    return Plan(start=start, suspend=suspend, reconfigure=reconfigure, resize=resize)
