@@ -13,7 +13,10 @@ no larger than the per-worker batch the job asked for, the rest accumulated). A 
 adapts its batch runs, on each size, at the batch with the most goodput given its measured
 gradient noise (`GoodputModel.best_batch`); its table is then in seconds per step of its
 base batch's statistical progress, as the simulator's adaptive jobs are
-(`scheduler.sim.adaptive`), and the batch chosen for each size is kept beside it.
+(`scheduler.sim.adaptive`), and the batch chosen for each size is kept beside it. Its
+length is still its spec's `max_iterations` (steps at whatever batch it runs), so its
+time to go reads short when it runs above its base batch: sizes and batches are ranked
+by goodput, remaining times are approximate.
 """
 
 from __future__ import annotations

@@ -72,11 +72,12 @@ choices cached per model); placement O(J + G) for G GPUs; growth O(S x P) per jo
 for S sizes and P GPUs per node (how a gang would spread is predicted from free counts
 per node), and stops when no GPU is free; packing O(G log G) to rank candidate GPUs
 once, then O(W) per guest of W workers over at most `max_guests` guests per round. Jobs
-without a speed model (or with one size, as on the real cluster) are never resized;
-without a model they are scheduled like SRTF by iterations left and are never packed or
-given SPB. The policy chooses the SPB configuration only of jobs whose spec says `auto`:
-one that says `off` or fixes a configuration runs as its spec says, placed, kept or
-packed."""
+without a speed model (or with one size: on the real cluster, every job not `elastic`)
+are never resized; without a model they are scheduled like SRTF by iterations left and
+are never packed or given SPB. A running job whose spec is elastic moves by the plan's
+`Resize` (`resizing`), growing only for more than its measured resize cost. The policy
+chooses the SPB configuration only of jobs whose spec says `auto`: one that says `off`
+or fixes a configuration runs as its spec says, placed, kept or packed."""
 
 from __future__ import annotations
 
