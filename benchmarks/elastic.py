@@ -2,18 +2,23 @@
 
 Each variant starts its own `jigsaw up --local-agents 1 --gpus-per-agent 2` (virtual
 GPUs: CPU processes) and submits the same small mix at the same offsets: an elastic
-job that asks for both GPUs (it may run on 1 or 2), then, once it trains, two one-GPU
+job that asks for one GPU (it may run on 1 or 2), then, once it trains, two one-GPU
 jobs. `fixed` runs it under FIFO, which places every job at its `workers`; `elastic`
-under fifo-elastic, which shrinks the elastic job for the newcomers at a boundary
-(checkpoint, restart on the new gang) and grows it back when they are done;
-`fixed-warm` and `elastic-warm` the same with the agent's warm pool of started workers.
-Reported per variant: makespan and mean JCT (and both over the fixed-size variant's with
-the same pool, measured in the same run),
+under fifo-elastic, which grows the elastic job into the idle GPU, shrinks it for the
+newcomers at a boundary (checkpoint, restart on the new gang) and grows it back when
+they are done; `fixed-warm` and `elastic-warm` the same with the agent's warm pool of
+started workers. `jigsaw-fixed` and `jigsaw-elastic` (warm pool) run the JigSaw policy,
+the first with the elastic job's range left out of its spec, the second with it: JigSaw
+sizes it by the throughput model fitted to its measured step times and grows it only
+for more than its measured resize cost (`JIGSAW_SCHEDULER_JIGSAW_MIN_GROW_SAVING=0`, so
+that the cost is the whole charge on jobs this short). Reported per variant: makespan and
+mean JCT (and both over the fixed-size variant's with the same policy family and pool,
+measured in the same run),
 the resizes and their mean cost as stored in the `resized` events, and the jobs that
 did not succeed with every iteration done (`lost_jobs`); a resize whose new gang did
 not resume at the boundary it checkpointed at is counted as a lost job too.
 
-    python -m benchmarks.elastic [--iterations 600] [--json | --markdown]
+    python -m benchmarks.elastic [--iterations 600] [--variants NAME ...] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,44 +72,70 @@ report of the boundary's iteration to the new gang's first report, as the schedu
 received them. `resize_seconds` below is their mean.
 
 **The run.** One local agent with 2 virtual GPUs; an elastic `digits-mlp` job asking for
-both (it may run on 1 or 2), then two one-GPU jobs of a quarter of its length once it
+one (it may run on 1 or 2), then two one-GPU jobs of a quarter of its length once it
 trains. `fixed` is FIFO (every job at its `workers`); `elastic` is `fifo-elastic`, which
-shrinks the elastic job for the newcomers and grows it back once they are done; the
-`-warm` variants start every launch from the agent's warm pool, and their ratios are to
-`fixed-warm`. `lost_jobs`: jobs that did not succeed with every iteration, or whose new
-gang did not resume at the boundary its resize checkpointed at.
+grows the elastic job into the idle GPU, shrinks it for the newcomers and grows it back
+once they are done; the `-warm` variants start every launch from the agent's warm pool,
+and their ratios are to `fixed-warm`. `jigsaw-fixed` and `jigsaw-elastic` run JigSaw
+with the warm pool, the same jobs, the elastic job's range left out of its spec in the
+first; `jigsaw-elastic`'s ratios are to `jigsaw-fixed`. JigSaw learns the elastic job's
+step time at each size as it runs there (Pollux's throughput model fitted to the
+measured steps: a size never run is predicted), reads the measured cost of its resizes
+from the `resized` events, and grows it only when the time saved exceeds that cost
+(`JIGSAW_SCHEDULER_JIGSAW_MIN_GROW_SAVING=0`: the default 600 s margin is for jobs of
+hours, and would keep these one-minute jobs from ever growing). `lost_jobs`: jobs that
+did not succeed with every iteration, or whose new gang did not resume at the boundary
+its resize checkpointed at.
 """
 
 MARKDOWN_TAIL = """Reading: the jobs here last about a minute, and 2 virtual GPUs on a shared 2-core
 machine train little faster than 1, so a resize has little to gain and its restart to
-pay: a cold restart (the new gang's processes start and import torch, under the
-machine's load) costs more than the newcomers' wait it saves, and the warm pool takes
-most of that cost away. Elasticity pays where jobs run for hours and a restart takes
-seconds; a policy should weigh the stored cost of a job's resizes against what a resize
-saves, which `fifo-elastic` does not (the goodput-aware sizing of the JigSaw policy is
-where that belongs).
+pay (a cold restart starts the new gang's processes and imports torch under the
+machine's load; the warm pool takes most of that away). `fifo-elastic` resizes whatever
+it costs. JigSaw's first growth is taken on the fitted model's optimism (one size
+measured: synchronisation not yet seen costs nothing, as in Pollux), and from then on
+it knows the job's speed at both sizes and the resize's measured cost, and grows only
+for more than that cost; the shrink for a newcomer is not charged (the alternative is
+to suspend the job or keep the newcomer waiting). The table's seconds are this
+machine's; that the jobs all succeeded with no iteration lost across resizes holds
+anywhere.
 """
 
-# Variant -> (policy, warm workers per agent, its baseline): the `-warm` variants start
-# every launch's processes from the agent's warm pool (torch already imported), which is
-# most of what a checkpoint-restart costs on a CPU slot.
+
+@dataclass(frozen=True)
+class Variant:
+    """A policy, the agent's warm workers (started processes with torch imported: most
+    of what a checkpoint-restart costs on a CPU slot), the variant its ratios are to,
+    whether the elastic job's spec keeps its range, and settings of the policy's own."""
+
+    policy: str
+    warm: int
+    baseline: str
+    elastic_spec: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+
+
+_JIGSAW = {"JIGSAW_SCHEDULER_JIGSAW_MIN_GROW_SAVING": "0"}
 VARIANTS = {
-    "fixed": ("fifo", 0, "fixed"),
-    "elastic": ("fifo-elastic", 0, "fixed"),
-    "fixed-warm": ("fifo", 2, "fixed-warm"),
-    "elastic-warm": ("fifo-elastic", 2, "fixed-warm"),
+    "fixed": Variant("fifo", 0, "fixed"),
+    "elastic": Variant("fifo-elastic", 0, "fixed"),
+    "fixed-warm": Variant("fifo", 2, "fixed-warm"),
+    "elastic-warm": Variant("fifo-elastic", 2, "fixed-warm"),
+    "jigsaw-fixed": Variant("jigsaw", 2, "jigsaw-fixed", elastic_spec=False, env=_JIGSAW),
+    "jigsaw-elastic": Variant("jigsaw", 2, "jigsaw-fixed", env=_JIGSAW),
 }
 LEASE_ITERATIONS = 20
 
 
-def specs(iterations: int) -> list[dict[str, Any]]:
-    """The elastic job first, then two one-GPU jobs of a quarter of its length."""
+def specs(iterations: int, elastic: bool = True) -> list[dict[str, Any]]:
+    """The elastic job first (its range left out unless `elastic`), then two one-GPU
+    jobs of a quarter of its length."""
     return [
         {
             "name": "elastic",
             "workload": "digits-mlp",
-            "workers": 2,
-            "elastic": {"min_workers": 1, "max_workers": 2},
+            "workers": 1,
+            **({"elastic": {"min_workers": 1, "max_workers": 2}} if elastic else {}),
             "hyperparameters": {"batch_size": 64, "learning_rate": 0.05},
             "max_iterations": iterations,
         },
@@ -114,19 +146,20 @@ def specs(iterations: int) -> list[dict[str, Any]]:
     ]
 
 
-def run_variant(policy: str, warm: int, iterations: int, home: Path) -> dict[str, Any]:
+def run_variant(variant: Variant, iterations: int, home: Path) -> dict[str, Any]:
     env = {
-        "JIGSAW_AGENT_WARM_WORKERS": str(warm),
-        "JIGSAW_SCHEDULER_POLICY": policy,
+        "JIGSAW_AGENT_WARM_WORKERS": str(variant.warm),
+        "JIGSAW_SCHEDULER_POLICY": variant.policy,
         "JIGSAW_SCHEDULER_LEASE_ITERATIONS": str(LEASE_ITERATIONS),
         "JIGSAW_SCHEDULER_ROUND_SECONDS": "0.2",
+        **variant.env,
     }
     with (
         jigsaw_up(home, "--local-agents", "1", "--gpus-per-agent", "2", **env) as server,
         JigsawClient(server.url, server.token()) as client,
     ):
         wait(lambda: alive_gpus(client) == 2, "the local agent's GPUs")
-        first, *rest = specs(iterations)
+        first, *rest = specs(iterations, variant.elastic_spec)
         ids = [client.submit(first)["id"]]
         wait(lambda: client.get_job(ids[0])["iterations_done"] >= 2 * LEASE_ITERATIONS, "start")
         ids += [client.submit(spec)["id"] for spec in rest]
@@ -160,16 +193,23 @@ def _resumed_at(client: JigsawClient, job_id: int, data: dict[str, Any]) -> bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=600, help="the elastic job's iterations")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=sorted(VARIANTS),
+        default=list(VARIANTS),
+        help="variants to run (each with its baseline)",
+    )
     add_output_options(parser)
     args = parser.parse_args()
+    chosen = [n for n in VARIANTS if n in args.variants or n in _baselines(args.variants)]
     rows = []
     with tempfile.TemporaryDirectory(prefix="jigsaw-elastic-") as home:
         results = {
-            name: run_variant(policy, warm, args.iterations, Path(home) / name)
-            for name, (policy, warm, _) in VARIANTS.items()
+            name: run_variant(VARIANTS[name], args.iterations, Path(home) / name) for name in chosen
         }
     for name, result in results.items():
-        baseline = results[VARIANTS[name][2]]  # the fixed sizes with the same warm pool
+        baseline = results[VARIANTS[name].baseline]  # fixed sizes, same policy family, pool
         rows.append(
             {
                 "variant": name,
@@ -188,6 +228,10 @@ def main() -> None:
     )
     if args.output == "markdown":
         sys.stdout.write(MARKDOWN_TAIL)
+
+
+def _baselines(names: list[str]) -> set[str]:
+    return {VARIANTS[name].baseline for name in names}
 
 
 if __name__ == "__main__":

@@ -279,6 +279,9 @@ class IterationMetric(Base):
     # Other jobs that shared rank 0's GPU during the iteration (0: alone; NULL: not
     # reported), so solo and co-located step times can be told apart.
     co_runners: Mapped[int | None] = mapped_column(Integer, default=None)
+    # The job's worker count during the iteration (NULL: not reported): an elastic job's
+    # step time by size, which its throughput model is fitted to.
+    workers: Mapped[int | None] = mapped_column(Integer, default=None)
 
 
 class JobLog(Base):

@@ -5,19 +5,21 @@ The loop runs in this process on a real database (SQLite and PostgreSQL) with th
 simulated dispatcher; the test reports each running job's iterations the way agents
 do (`scheduler.models.metrics.record`, the agent service's write), at the speed of its
 current SPB configuration, so the snapshots carry measured job models and JigSaw
-switches the `auto` jobs' SPB configuration at lease boundaries.
+switches the `auto` jobs' SPB configuration at lease boundaries; an elastic job's at
+the size it holds, so its model has every size (fitted) and JigSaw resizes it.
 """
 
 from __future__ import annotations
 
 import pickle
+from collections import Counter
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from jigsaw.jobspec import SPBConfig
+from jigsaw.jobspec import ElasticRange, Hyperparameters, SPBConfig
 from scheduler.core.interference import Sharing
 from scheduler.core.plan import Plan
 from scheduler.core.snapshot import ClusterSnapshot
@@ -27,7 +29,7 @@ from scheduler.dispatch import SimulatedDispatcher
 from scheduler.loop import SchedulerService
 from scheduler.models.metrics import record
 from scheduler.models.profiles import save_profile
-from scheduler.orm import Allocation, Job
+from scheduler.orm import Allocation, Event, Job
 from scheduler.policies import POLICIES, get_policy, jigsaw, policy_params
 from scheduler.policies.jigsaw import JigsawParams
 from scheduler.settings import SchedulerSettings
@@ -43,14 +45,20 @@ def factory(engine: Engine) -> sessionmaker[Session]:
 
 
 def report_running(factory: sessionmaker[Session]) -> None:
-    """Five iterations up to each running job's progress, as its agent reports them:
-    full backprop spends most of its step synchronising; SPB synchronises less."""
+    """Five iterations up to each running job's progress, as its agent reports them, at
+    the size it holds: full backprop spends most of its step synchronising; SPB
+    synchronises less; an elastic job computes its batch's share on each GPU."""
     with transaction(factory) as session:
-        held = dict(
-            session.execute(
-                select(Allocation.job_id, Allocation.spb).where(Allocation.released_at.is_(None))
-            ).all()
-        )
+        holds = session.execute(
+            select(Allocation.job_id, Allocation.spb).where(Allocation.released_at.is_(None))
+        ).all()
+        held = dict(holds)
+        workers = Counter(job_id for job_id, _ in holds)
+        elastic = {
+            job_id
+            for job_id, spec in session.execute(select(Job.id, Job.spec))
+            if spec.get("elastic")
+        }
         done = dict(
             session.execute(
                 select(Job.id, Job.iterations_done).where(Job.state == JobState.RUNNING.value)
@@ -60,6 +68,8 @@ def report_running(factory: sessionmaker[Session]) -> None:
         for job_id, iterations in done.items():
             spb = held.get(job_id) or {}
             step, comm, depth = (1.2, 0.4, 1.0) if spb else (2.0, 1.5, None)
+            if job_id in elastic:
+                step, comm = 0.1 + 4.0 / workers[job_id], 0.1
             rows += [
                 {
                     "job_id": job_id,
@@ -68,6 +78,8 @@ def report_running(factory: sessionmaker[Session]) -> None:
                     "comm_seconds": comm,
                     "peak_memory_bytes": 4 * GIB,
                     "spb_depth": depth,
+                    "workers": workers[job_id],
+                    "batch_size": 64,
                 }
                 for i in range(max(iterations - 5, 0), iterations)
             ]
@@ -126,3 +138,58 @@ def test_replayed_snapshots_give_the_plans_of_the_real_loop(
         if change.spb and change.spb != quarter.model_dump(mode="json")
     ]
     assert chosen
+
+
+def test_replayed_snapshots_give_the_resizes_of_the_real_loop(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_nodes(factory, {"a": 4})
+    # An elastic job alone grows into the idle GPUs once its model predicts it faster
+    # there; a short job arriving later takes two of them back (it shrinks).
+    elastic = add_job(
+        factory,
+        max_iterations=100_000,
+        hyperparameters=Hyperparameters(batch_size=64, learning_rate=0.1),
+        elastic=ElasticRange(min_workers=1, max_workers=4),
+    )
+    recorded: list[tuple[bytes, Plan]] = []
+
+    def recording(snapshot: ClusterSnapshot, params: JigsawParams) -> Plan:
+        frozen = pickle.dumps(snapshot)
+        plan = jigsaw.schedule(snapshot, params)
+        recorded.append((frozen, plan))
+        return plan
+
+    monkeypatch.setitem(POLICIES, "jigsaw", recording)
+    monkeypatch.setenv("JIGSAW_SCHEDULER_POLICY", "jigsaw")
+    settings = SchedulerSettings(
+        round_seconds=0.01, lease_iterations=10, agent_timeout_seconds=3600
+    )
+    loop = SchedulerService(factory, SimulatedDispatcher(iterations_per_second=5), settings)
+    for second in range(16):
+        now = T0 + timedelta(seconds=second)
+        if second == 8:
+            # Submitted now, as the loop's clock reads (else submissions would have
+            # stopped long ago, and JigSaw would pace the elastic job at its width).
+            newcomer = add_job(factory, max_iterations=20)
+            with transaction(factory) as session:
+                session.execute(update(Job).where(Job.id == newcomer).values(created_at=now))
+        loop.run_round(now)
+        report_running(factory)
+
+    monkeypatch.undo()
+    replay = get_policy("jigsaw", policy_params("jigsaw", sharing=Sharing.TIME_SLICING))
+    snapshots = [pickle.loads(frozen) for frozen, _ in recorded]
+    assert [replay(snapshot) for snapshot in snapshots] == [plan for _, plan in recorded]
+
+    # It grew to 4 and shrank to 2, both by a Resize, never by a suspension.
+    sizes = [len(r.gpu_ids) for _, plan in recorded for r in plan.resize if r.job_id == elastic]
+    assert 4 in sizes and 2 in sizes
+    assert all(elastic not in plan.suspend for _, plan in recorded)
+    with transaction(factory) as session:
+        resized = session.scalars(
+            select(Event.data).where(Event.job_id == elastic, Event.kind == "resized")
+        ).all()
+    assert [(d["from_workers"], d["to_workers"]) for d in resized][:2] == [(2, 4), (4, 2)]
+    # The costs measured reached the snapshots the policy saw.
+    assert any(job.resize_seconds is not None for s in snapshots for job in s.jobs)

@@ -125,6 +125,7 @@ def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
             or (depth is not None and not 0 < depth <= 1)
             or any(v is not None and not (math.isfinite(v) and v >= 0) for v in noise)
             or record.batch_size < 0
+            or record.workers < 0
         ):
             continue
         utilization = record.utilization if record.HasField("utilization") else None
@@ -147,6 +148,7 @@ def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
                 "grad_sqr": noise[0],
                 "grad_var": noise[1],
                 "co_runners": max(record.co_runners, 0),
+                "workers": record.workers or None,  # 0: a runtime that does not say
             }
         )
     return rows, len(records) - len(rows)

@@ -79,6 +79,11 @@ class JobView:
     # The worker counts it may run on, largest first (empty: `workers` alone).
     sizes: tuple[int, ...] = ()
     queue: str = "default"  # the queue it was submitted to (scheduler.core.quota)
+    # What moving it to another size is expected to cost in seconds (the checkpoint,
+    # the restart, the time no iteration runs): on the cluster the mean of the measured
+    # `resized` events (its own, else the cluster's recent ones), in the simulator its
+    # restart; None: not known, and charged as nothing.
+    resize_seconds: float | None = None
 
     @cached_property
     def waiting(self) -> bool:

@@ -6,7 +6,10 @@ of jobs (no per-job query, and only the last `RECENT_ITERATIONS` rows of each jo
 through the `(job_id, iteration)` index):
 
 - speed: the mean step and communication seconds of the job's recent iterations, at the
-  size it holds (a job is never resized: it has one size, the one it asked for).
+  size it holds: one size, the one it asked for. An elastic job, or one that adapts its
+  batch, has every size it may run instead, fitted to the step times it measured at the
+  sizes it ran and, adapting, at the batch with the most goodput given the gradient
+  noise it reported (`scheduler.models.sizes_measured`: two more queries).
   Iterations at full backprop (no SPB depth reported) are taken as they are; iterations
   under SPB are converted back to full backprop through the SPB profile (the inverse of
   `JobModel.shape`), so a job switched to SPB keeps its model instead of losing it once
@@ -46,6 +49,7 @@ from sqlalchemy.orm import Session
 
 from jigsaw import spb
 from scheduler.core.jobmodel import JobModel
+from scheduler.models.sizes_measured import sized_job, sized_steps
 from scheduler.orm import GPU, Allocation, IterationMetric, Job, ModelProfile
 
 logger = logging.getLogger(__name__)
@@ -77,15 +81,31 @@ class ActiveJob:
     workers: int
     spec: Mapping[str, Any]
     spb: Mapping[str, Any]  # its current hold's configuration ({}: off or not holding)
+    held: int = 0  # GPUs it holds now
+    held_nodes: int = 0  # nodes they are on
 
 
 def job_models(
-    session: Session, jobs: Iterable[ActiveJob], active_states: Iterable[str], gpu_memory: int
+    session: Session,
+    jobs: Iterable[ActiveJob],
+    active_states: Iterable[str],
+    gpu_memory: int,
+    *,
+    per_node: int = 1,
+    max_nodes: int = 1,
 ) -> dict[int, JobModel]:
-    """A model for each job that has reported iterations (three queries)."""
+    """A model for each job that has reported iterations (three queries; two more when
+    some job is elastic or adapts its batch). `per_node` and `max_nodes`: the most GPUs
+    of a node and the nodes, the placements an elastic job's sizes are predicted on."""
     full, partial = _recent_speeds(session, list(active_states))
     listed = list(jobs)
     profiles = _preferred_profiles(session, [job for job in listed if _auto(job)])
+    resizable = [
+        found
+        for job in listed
+        if (found := sized_job(job.id, dict(job.spec), job.held, job.held_nodes)) is not None
+    ]
+    sized = sized_steps(session, resizable, per_node, max_nodes)
     models = {}
     for job in listed:
         profile = profiles.get(job.id)
@@ -95,13 +115,15 @@ def job_models(
         target = job.spec.get("max_iterations")
         peaks = [s.peak_memory_bytes for s in (full.get(job.id), partial.get(job.id)) if s]
         known = [peak for peak in peaks if peak is not None]
+        table = sized.get(job.id)
         models[job.id] = JobModel(
             iterations_total=int(target) if target is not None else UNKNOWN_ITERATIONS,
             workers=job.workers,
-            steps={job.workers: {1: steps}},
+            steps=table.steps if table is not None else {job.workers: {1: steps}},
             memory_bytes=max(known) if known else gpu_memory,
             spb_profile=profile,
             utilization=_solo_utilization(full.get(job.id)),
+            batches=table.batches if table is not None else {},
         )
     return models
 

@@ -46,6 +46,7 @@ ROW_COLUMNS = (
     "grad_sqr",
     "grad_var",
     "co_runners",
+    "workers",
 )
 # What a row that leaves a column out gets (the rest default to NULL).
 _DEFAULTS = {"compute_seconds": 0.0, "comm_seconds": 0.0, "samples_per_second": 0.0}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -105,3 +106,43 @@ def record_resized(
             created_at=now,
         )
     )
+
+
+RECENT_RESIZES = 20  # of any job: what a job that never resized is expected to pay
+
+
+def measured_costs(session: Session, job_ids: Sequence[int]) -> dict[int, float]:
+    """What resizing each job is expected to cost, in seconds: the mean of its own
+    `resized` events, else of the cluster's newest `RECENT_RESIZES` (absent: none
+    measured yet). Two queries."""
+    if not job_ids:
+        return {}
+    own: dict[int, list[float]] = {}
+    for job_id, data in session.execute(
+        select(Event.job_id, Event.data).where(Event.kind == RESIZED, Event.job_id.in_(job_ids))
+    ):
+        seconds = _seconds(data)
+        if seconds is not None:
+            own.setdefault(job_id, []).append(seconds)
+    recent = [
+        seconds
+        for data in session.scalars(
+            select(Event.data)
+            .where(Event.kind == RESIZED)
+            .order_by(Event.id.desc())
+            .limit(RECENT_RESIZES)
+        )
+        if (seconds := _seconds(data)) is not None
+    ]
+    costs = {job_id: sum(values) / len(values) for job_id, values in own.items()}
+    if recent:
+        typical = sum(recent) / len(recent)
+        costs.update({job_id: typical for job_id in job_ids if job_id not in costs})
+    return costs
+
+
+def _seconds(data: Any) -> float | None:
+    seconds = data.get("seconds") if isinstance(data, dict) else None
+    if not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+        return None
+    return float(seconds)

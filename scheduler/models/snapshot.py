@@ -20,6 +20,7 @@ from scheduler.core.snapshot import (
 )
 from scheduler.core.states import JobState, SuspendedBy
 from scheduler.models.measured import ActiveJob, colocated_slowdowns, job_models
+from scheduler.models.resizes import measured_costs
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
 
 # A stored spec was validated at submission: only its SPB setting is parsed again.
@@ -29,7 +30,9 @@ _SPB_SETTING: TypeAdapter[SPBSetting] = TypeAdapter(SPBSetting)
 def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
     """Read the cluster in nine queries, whatever its size (nodes, GPUs, holds, service,
     jobs, the newest submission, the jobs' recent iterations and SPB profiles for their
-    models, and their measured slowdowns beside co-runners)."""
+    models, and their measured slowdowns beside co-runners); with elastic or adaptive
+    jobs, four more (their steps by size, their gradient noise, and the measured cost of
+    resizes)."""
     # A node without an agent, or whose agent timed out, offers no capacity; a removed
     # node is not part of the cluster.
     node_rows = session.execute(
@@ -96,13 +99,28 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
     )
 
     rows = list(session.scalars(select(Job).where(Job.state.in_(active))))
+    node_of = {gpu.id: gpu.node_id for gpus in gpus_by_node.values() for gpu in gpus}
     models = job_models(
         session,
-        (ActiveJob(job.id, job.workers, job.spec, spb_of_job.get(job.id) or {}) for job in rows),
+        (
+            ActiveJob(
+                job.id,
+                job.workers,
+                job.spec,
+                spb_of_job.get(job.id) or {},
+                held=len(held_by_job.get(job.id, ())),
+                held_nodes=len({node_of.get(g) for g in held_by_job.get(job.id, ())}),
+            )
+            for job in rows
+        ),
         active,
         max((gpu.memory_bytes for gpus in gpus_by_node.values() for gpu in gpus), default=0),
+        per_node=max((len(gpus) for gpus in gpus_by_node.values()), default=1),
+        max_nodes=max(len(node_rows), 1),
     )
     slowdowns = colocated_slowdowns(session, active)
+    sizes = {job.id: _sizes(job.spec) for job in rows}
+    costs = measured_costs(session, [job_id for job_id, counts in sizes.items() if counts])
     jobs = tuple(
         JobView(
             id=job.id,
@@ -120,8 +138,9 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             colocated_slowdown=slowdowns.get(job.id),
             spb_setting=_SPB_SETTING.validate_python(job.spec.get("spb", "off")),
             max_iterations=job.spec.get("max_iterations"),
-            sizes=_sizes(job.spec),
+            sizes=sizes[job.id],
             queue=str(job.spec.get("queue") or "default"),
+            resize_seconds=costs.get(job.id),
         )
         for job in rows
     )

@@ -341,6 +341,7 @@ class Simulator:
             preempted=record.preempted,
             model=record.model,
             max_iterations=record.trace.iterations,
+            resize_seconds=self.options.restart_seconds,  # a move is a restart here
         )
         if record.state is not JobState.RUNNING:
             self._views[record.id] = view

@@ -386,6 +386,7 @@ class _Training:
             learning_rate=float(self._optimizer.param_groups[0]["lr"]),
             grad_sqr=noise.sqr if noise is not None else None,
             grad_var=noise.var if noise is not None else None,
+            workers=self._config.world_size,
         )
 
     def _evaluate(self) -> None:

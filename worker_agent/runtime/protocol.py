@@ -113,6 +113,8 @@ class IterationRecord:
     utilization_per_process: bool = False
     # Other jobs on the rank's GPU during these iterations: the agent's to fill.
     co_runners: int = 0
+    # The job's world size during the step (an elastic job's changes with each resize).
+    workers: int = 0
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

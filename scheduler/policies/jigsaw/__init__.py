@@ -74,11 +74,12 @@ choices cached per model); placement O(J + G) for G GPUs; growth O(S x P) per jo
 for S sizes and P GPUs per node (how a gang would spread is predicted from free counts
 per node), and stops when no GPU is free; packing O(G log G) to rank candidate GPUs
 once, then O(W) per guest of W workers over at most `max_guests` guests per round. Jobs
-without a speed model (or with one size, as on the real cluster) are never resized;
-without a model they are scheduled like SRTF by iterations left and are never packed or
-given SPB. The policy chooses the SPB configuration only of jobs whose spec says `auto`:
-one that says `off` or fixes a configuration runs as its spec says, placed, kept or
-packed."""
+without a speed model (or with one size: on the real cluster, every job not `elastic`)
+are never resized; without a model they are scheduled like SRTF by iterations left and
+are never packed or given SPB. A running job whose spec is elastic moves by the plan's
+`Resize` (`resizing`), growing only for more than its measured resize cost. The policy
+chooses the SPB configuration only of jobs whose spec says `auto`: one that says `off`
+or fixes a configuration runs as its spec says, placed, kept or packed."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ from jigsaw import spb
 from scheduler.core.interference import fitted
 from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.snapshot import ClusterSnapshot, GPUView
-from scheduler.policies.jigsaw import growth, ordering, packing, sizing, spb_choice
+from scheduler.policies.jigsaw import growth, ordering, packing, resizing, sizing, spb_choice
 from scheduler.policies.jigsaw.layout import Layout, guests_of
 from scheduler.policies.jigsaw.params import CONFIGS, JigsawParams
 from scheduler.policies.placement import candidates
@@ -161,17 +162,29 @@ def _usable(snapshot: ClusterSnapshot) -> dict[int, GPUView]:
 
 
 def _plan(snapshot: ClusterSnapshot, layout: Layout, started: list[int], moved: list[int]) -> Plan:
-    """The changes from what runs now to `layout`."""
+    """The changes from what runs now to `layout`: a moved elastic job is resized, the
+    other moved jobs suspended and started again."""
+    resize = resizing.resizes(layout, moved)
+    resized = {change.job_id for change in resize}
     suspend = tuple(
-        sorted([j.id for j in snapshot.jobs if j.holding and j.id not in layout.jobs] + moved)
+        sorted(
+            [j.id for j in snapshot.jobs if j.holding and j.id not in layout.jobs]
+            + [job_id for job_id in moved if job_id not in resized]
+        )
     )
     start = tuple(
-        Placement(job_id, layout.gpus[job_id], spb.as_json(layout.config[job_id]))
+        Placement(
+            job_id,
+            layout.gpus[job_id],
+            spb.as_json(layout.config[job_id]),
+            resizing.batch(layout, job_id),
+        )
         for job_id in started
+        if job_id not in resized
     )
     reconfigure = tuple(
         Reconfigure(job_id, spb.as_json(layout.config[job_id]))
         for job_id, job in layout.jobs.items()
         if job.holding and job_id not in moved and spb.as_json(layout.config[job_id]) != job.spb
     )
-    return Plan(start=start, suspend=suspend, reconfigure=reconfigure)
+    return Plan(start=start, suspend=suspend, reconfigure=reconfigure, resize=resize)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from jigsaw import spb
 from scheduler.core.snapshot import GPUView, JobView
+from scheduler.policies.jigsaw import resizing
 from scheduler.policies.jigsaw.layout import Layout
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.policies.jigsaw.speeds import (
@@ -87,8 +88,8 @@ def _grow_one(
     """Grow `job` to the size that finishes it soonest on the nodes the free GPUs are
     on (a gang spread thin can be slower than a smaller one on one node), up to
     `growth.widest`. Idle, those GPUs would add nothing; a running job not (re)started
-    this round (`fresh`) moves only when that saves it `growth.min_saving` seconds, its
-    restart included. Whether it grew."""
+    this round (`fresh`) moves only when that saves it `growth.min_saving` seconds
+    and no less than the move costs it (`resizing.cost`). Whether it grew."""
     held = layout.gpus.get(job.id)
     if held is None or job.model is None or len(job.model.sizes) < 2:
         return False
@@ -97,7 +98,7 @@ def _grow_one(
     mine = [usable[g] for g in held]
     chosen, soonest = 0, remaining_on(job, len(held), layout.nodes[job.id])
     if job.id not in fresh:
-        soonest -= growth.min_saving
+        soonest -= max(growth.min_saving, resizing.cost(job))
     widest = growth.widest(job, len(held))
     for workers in job.model.sizes:
         if workers <= len(held):

@@ -88,7 +88,9 @@ class JigsawParams(BaseModel):
     min_grow_saving: float = Field(
         default=600.0,
         ge=0.0,
-        description="Seconds growing must save a running job, its restart included.",
+        description="Seconds growing must save a running job, and no less than the move "
+        "costs it (`JobView.resize_seconds`: its measured resizes on the cluster, the "
+        "restart in the simulator).",
     )
     grow_floor: float = Field(
         default=0.7,

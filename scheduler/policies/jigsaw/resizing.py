@@ -1,0 +1,35 @@
+"""How a running job moves to another size: by the plan's `Resize` when its spec is
+elastic (the live cluster checkpoints it at its boundary and restarts it on the new
+gang), else by suspending it and starting it again (the simulator's trace jobs, whose
+sizes come from their profiles, and a guest moving to GPUs of its own); what the move
+costs; and the batch an adaptive job runs at where it is placed."""
+
+from __future__ import annotations
+
+from scheduler.core.plan import Resize
+from scheduler.core.snapshot import JobView
+from scheduler.policies.jigsaw.layout import Layout
+
+
+def cost(job: JobView) -> float:
+    """Seconds a move costs the job (the checkpoint, the restart, the iterations not
+    run meanwhile): measured on the cluster, the restart in the simulator; 0 unknown."""
+    return job.resize_seconds or 0.0
+
+
+def batch(layout: Layout, job_id: int) -> int:
+    """The global batch of an adaptive job where the layout puts it (0: a fixed batch)."""
+    model = layout.jobs[job_id].model
+    if model is None:
+        return 0
+    return model.batch_at(len(layout.gpus[job_id]), layout.nodes[job_id])
+
+
+def resizes(layout: Layout, moved: list[int]) -> tuple[Resize, ...]:
+    """The moved jobs that move by a `Resize`: elastic ones whose size changes."""
+    return tuple(
+        Resize(job_id, layout.gpus[job_id], batch(layout, job_id))
+        for job_id in moved
+        if layout.jobs[job_id].sizes
+        and len(layout.gpus[job_id]) != len(layout.jobs[job_id].allocated_gpu_ids)
+    )
