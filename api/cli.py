@@ -25,18 +25,11 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from api.client import ApiError, JigsawClient
 from api.credentials import resolve
+from api.progress import StepProgress
 from api.simulate import simulate
 from api.specfile import SpecFileError, read_spec_file
 from jigsaw import codearchive
@@ -1276,28 +1269,16 @@ def profile(
         # The name agents report as the GPU's kind, so profiles match the nodes' GPUs.
         device_kind = torch.cuda.get_device_name(measured_on)
     torch.set_num_threads(threads)
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=as_json,
-    ) as progress:
-        task = progress.add_task(workload, total=phases(goal))
-        begun = 0
+    # On stderr even with --json: the efficiency runs take minutes.
+    with StepProgress(err, workload, phases(goal)) as steps:
         # How busy the device is while the stages are timed (the first phase).
         meter = utilization_meter(measured_on)
         utilization: list[float | None] = []
 
         def on_phase(phase: str) -> None:
-            nonlocal begun
-            if begun == 1:
+            if steps.begun == 1:
                 utilization.append(meter.sample())
-            progress.update(task, description=f"{workload}: {phase}", completed=begun)
-            begun += 1
+            steps.begin(phase)
 
         try:
             measured = measure_profile(

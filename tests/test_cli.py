@@ -31,13 +31,15 @@ from scheduler.settings import APISettings, Settings
 from tests.servers import JIGSAW, TERMINAL, Server, clean_env, jigsaw_up
 
 
-def cli(home: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def cli(
+    home: Path, *args: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [*JIGSAW, *args],
         env=clean_env(home),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     if check:
         assert result.returncode == 0, (
@@ -555,6 +557,8 @@ def test_profile_measures_stores_and_refuses_bad_input(server: Server, tmp_path:
     # Measured where an agent here runs jobs (no CUDA: the CPU), with how busy it was.
     assert profile["device_kind"] == "cpu" and stored["key"] == "cpu/batch-16"
     assert profile["utilization"] > 0 and stored["profile"]["utilization"] == profile["utilization"]
+    # Its one phase on stderr, as a line (not a terminal), beside the JSON.
+    assert "[1/1] digits-cnn: per-stage costs" in result.stderr
     for args, words in [
         (["no-such-workload"], "unknown workload"),
         (["digits-cnn", "--stages", "9"], "only 3 layers"),
@@ -565,3 +569,27 @@ def test_profile_measures_stores_and_refuses_bad_input(server: Server, tmp_path:
         refused = cli(tmp_path, "profile", *args, check=False)
         assert refused.returncode == 2 and words in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_profile_efficiency_shows_each_phase_on_stderr_and_keeps_json_clean(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    args = ["digits-cnn", "--workers", "2", "--batch-size", "32", "--repeats", "1"]
+    args += ["--efficiency", "--target", "accuracy>=0", "--max-iterations", "10", "--json"]
+    result = cli(tmp_path, "profile", *args, timeout=840)
+    # Every configuration reached the (trivial) target, so each has its price.
+    profile = json.loads(result.stdout)
+    assert set(profile["steps_ratio"]) == {"0.75/0.5", "0.5/0.25", "0.25/0.25"}
+    # Off a terminal: one plain line as each phase begins, in order, no escape codes.
+    phases = [line.split(" (")[0] for line in result.stderr.splitlines() if line.startswith("[")]
+    assert phases == [
+        "[1/5] digits-cnn: per-stage costs",
+        "[2/5] digits-cnn: training to accuracy, full backprop",
+        "[3/5] digits-cnn: training to accuracy, spb 0.75/0.5",
+        "[4/5] digits-cnn: training to accuracy, spb 0.5/0.25",
+        "[5/5] digits-cnn: training to accuracy, spb 0.25/0.25",
+    ]
+    assert "\x1b[" not in result.stderr

@@ -25,6 +25,8 @@ KUBERNETES_VERSION = "1.32"
 WORKLOADS = {"Deployment", "DaemonSet", "StatefulSet"}
 # The only host-level access any pod may have, each explained in the pod's annotation.
 PRIVILEGE_ANNOTATION = "jigsaw.dev/privileges"
+# Each image the manifests run, by the deploy/Dockerfile target that builds it.
+IMAGE_TARGETS = {"jigsaw": "control-plane", "jigsaw-agent-cuda": "agent-cuda"}
 
 
 def render(overlay: str) -> list[dict[str, Any]]:
@@ -190,14 +192,84 @@ def test_every_grafana_panel_queries_exported_metrics(
     assert families - shown == set()
 
 
+def dockerfile_stages() -> dict[str, tuple[str, str]]:
+    """Each stage of deploy/Dockerfile: its base image (global ARGs at their defaults) and
+    its instructions (without comments)."""
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    head, *stages = re.split(r"^FROM ", dockerfile, flags=re.MULTILINE)
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", head, re.MULTILINE))
+    parsed = {}
+    for stage in stages:
+        match = re.match(r"(\S+) AS (\S+)\n", stage)
+        assert match, f"FROM {stage.splitlines()[0]}: every stage is named"
+        base = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m[1]], match[1])
+        instructions = re.sub(r"^#.*\n", "", stage[match.end() :], flags=re.MULTILINE)
+        parsed[match[2]] = (base, instructions)
+    return parsed
+
+
 def test_dockerfile_copies_what_exists_and_runs_unprivileged() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text()
     for source in re.findall(r"^COPY (?!--from)(\S+(?: \S+)*) \S+$", dockerfile, re.MULTILINE):
         for path in source.split():
             assert (ROOT / path).exists(), f"COPY {path}: not in the repository"
-    stages = re.findall(r"^FROM \S+ AS (\S+)$", dockerfile, re.MULTILINE)
-    assert {"control-plane", "agent"} <= set(stages)
-    assert dockerfile.count("USER 10001:10001") == 2
-    # The manifests' images are the Dockerfile's targets.
+    stages = dockerfile_stages()
+    for target in IMAGE_TARGETS.values():
+        assert "\nUSER 10001:10001\n" in stages[target][1], target
+    # The manifests' images are exactly the Dockerfile's targets.
     base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
-    assert {image["name"] for image in base["images"]} == {"jigsaw", "jigsaw-agent"}
+    assert {image["name"] for image in base["images"]} == set(IMAGE_TARGETS)
+
+
+def test_the_agent_image_is_cuda_pytorch_and_the_control_plane_image_has_no_torch() -> None:
+    stages = dockerfile_stages()
+    control_base, control = stages["control-plane"]
+    assert control_base.startswith("python:") and "torch" not in control
+    agent_base, agent = stages["agent-cuda"]
+    # NVIDIA's image (the container toolkit's hooks) on Ubuntu 24.04, whose Python is 3.12.
+    match = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-base-ubuntu24\.04", agent_base)
+    assert match, agent_base
+    # torch comes from PyTorch's index for the base's CUDA version, before the project.
+    [assignment] = re.findall(r"^\s*(torch_index=.*?)\s*\\$", agent, re.MULTILINE)
+    cuda_version = agent_base.split(":")[1].split("-")[0]
+    index = subprocess.run(
+        ["sh", "-c", f'{assignment}; echo "$torch_index"'],
+        env={"CUDA_VERSION": cuda_version, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert index == f"https://download.pytorch.org/whl/cu{match[1]}{match[2]}"
+    torch_install = agent.index('--index-url "$torch_index" "torch')
+    assert torch_install < agent.index("[train]")
+    assert 'CMD ["agent"]' in agent
+
+
+def test_gpu_nodes_run_the_cuda_agent_image_and_request_gpus(
+    rendered: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _overlay, objects = rendered
+    stages = dockerfile_stages()
+
+    def target(image: str) -> str:
+        return IMAGE_TARGETS[image.rsplit("/", 1)[-1].split(":")[0]]
+
+    agent = named(objects, "DaemonSet", "jigsaw-agent")["spec"]["template"]["spec"]
+    [container] = agent["containers"]
+    assert stages[target(container["image"])][0].startswith("nvidia/cuda:")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    scheduler = named(objects, "Deployment", "jigsaw-scheduler")["spec"]["template"]["spec"]
+    for container in scheduler["initContainers"] + scheduler["containers"]:
+        assert target(container["image"]) == "control-plane"
+        assert "nvidia.com/gpu" not in container["resources"]["limits"]
+
+
+def test_build_commands_tag_each_image_from_its_target() -> None:
+    built = re.compile(r"docker build -f deploy/Dockerfile --target (\S+) -t ([^:\s]+):")
+    for path in (
+        ROOT / "README.md",
+        DEPLOY / "Dockerfile",
+        DEPLOY / "overlays/dev/kustomization.yaml",
+    ):
+        commands = built.findall(path.read_text())
+        assert {image: target for target, image in commands} == IMAGE_TARGETS, path
