@@ -87,7 +87,14 @@ class JigsawParams(BaseModel):
     min_grow_saving: float = Field(
         default=600.0,
         ge=0.0,
-        description="Seconds growing must save a running job, its restart included.",
+        description="Seconds growing must save a running job, its restart included ...",
+    )
+    min_grow_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="... or this share of its time to go, whichever is less (a job near "
+        "its end gains in proportion to what it has left).",
     )
     grow_floor: float = Field(
         default=0.7,
