@@ -13,7 +13,10 @@ Load variants (`--loads`): 8-hour windows of `philly.csv` at 0.5x, 1.5x and 2x t
 jobs (`scheduler.sim.loads`), `--seeds` windows each; Pollux published means at those
 loads are for workloads it holds back, so they are a reference, not the same jobs.
 
-    python -m benchmarks.goodput_sim [--loads] [--seeds N] [--json | --markdown]
+`--by-app` adds where each variant's average JCT goes on each workload, by application
+(`scheduler.sim.metrics.by_application`), from the same runs.
+
+    python -m benchmarks.goodput_sim [--loads] [--seeds N] [--by-app] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from benchmarks.harness import add_output_options, emit
 from scheduler.policies import get_policy
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.loads import load_variant
-from scheduler.sim.metrics import summarize
+from scheduler.sim.metrics import by_application, summarize
 from scheduler.sim.trace import TraceJob, load_workloads
 
 TRACES = Path(__file__).resolve().parents[2] / "shared/traces/pollux"
@@ -77,15 +80,29 @@ FORMATS = {
     "makespan_s": "{:,.0f}",
 }
 
+APP_FORMATS = {
+    "jct_share_s": "{:,.0f}",
+    "avg_alone_s": "{:,.0f}",
+    "avg_gpus_running": "{:.1f}",
+    "suspensions_per_job": "{:.1f}",
+}
 
-def _rows(name: str, load: float, jobs: list[TraceJob], pollux: float) -> list[dict[str, Any]]:
-    """Every variant on one workload, with the ratios against Pollux and Tiresias."""
+
+def _rows(
+    name: str, load: float, jobs: list[TraceJob], pollux: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every variant on one workload, with the ratios against Pollux and Tiresias; and
+    each variant's JCT by application."""
     results = {}
+    apps: list[dict[str, Any]] = []
     for variant, (policy, adaptive) in VARIANTS.items():
         options = SimOptions(adaptive_batch=adaptive)
-        results[variant] = summarize(
-            Simulator(jobs, CLUSTER, get_policy(policy), options=options).run()
-        )
+        result = Simulator(jobs, CLUSTER, get_policy(policy), options=options).run()
+        results[variant] = summarize(result)
+        apps += [
+            {"workload": name, "load": load, "variant": variant, **row}
+            for row in by_application(result)
+        ]
     tiresias_p99 = results["tiresias"]["p99_jct_s"]
     return [
         {
@@ -98,7 +115,7 @@ def _rows(name: str, load: float, jobs: list[TraceJob], pollux: float) -> list[d
             "p99_vs_tiresias": metrics["p99_jct_s"] / tiresias_p99 - 1,
         }
         for variant, metrics in results.items()
-    ]
+    ], apps
 
 
 def _means(rows: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
@@ -128,6 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--loads", action="store_true", help="also the 0.5x, 1.5x, 2x variants")
     parser.add_argument("--seeds", type=int, default=2, help="windows per load (with --loads)")
+    parser.add_argument(
+        "--by-app", action="store_true", help="also each variant's JCT by application"
+    )
     add_output_options(parser)
     args = parser.parse_args()
     if not (TRACES / "workloads").is_dir():
@@ -136,19 +156,24 @@ def main() -> None:
         parser.error("--seeds must be at least 1")
     given = load_workloads(TRACES / "workloads")
     rows: list[dict[str, Any]] = []
+    apps: list[dict[str, Any]] = []
     for workload in given:
-        rows += _rows(workload.name, 1.0, workload.jobs, POLLUX[workload.name])
+        made_rows, made_apps = _rows(workload.name, 1.0, workload.jobs, POLLUX[workload.name])
+        rows, apps = rows + made_rows, apps + made_apps
     summary = _means(rows, "mean of 8")
     if args.loads:
         for load in (0.5, 1.5, 2.0):
             variant_rows: list[dict[str, Any]] = []
             for seed in range(args.seeds):
                 made = load_variant(TRACES / "philly.csv", given, load, seed, TRACES / "apps")
-                variant_rows += _rows(made.name, load, made.jobs, POLLUX_BY_LOAD[load])
+                made_rows, made_apps = _rows(made.name, load, made.jobs, POLLUX_BY_LOAD[load])
+                variant_rows, apps = variant_rows + made_rows, apps + made_apps
             rows += variant_rows
             summary += _means(variant_rows, f"mean at {load:g}x")
+    if not args.by_app:
+        apps = []
     if args.output == "json":
-        emit(rows + summary, "", "json")
+        emit(rows + summary + apps, "", "json")
         return
     if args.output == "markdown":
         sys.stdout.write(MARKDOWN_HEAD)
@@ -159,6 +184,8 @@ def main() -> None:
         FORMATS,
     )
     emit(rows, "Per workload", args.output, FORMATS)
+    if apps:
+        emit(apps, "Average JCT by application", args.output, FORMATS | APP_FORMATS)
 
 
 if __name__ == "__main__":

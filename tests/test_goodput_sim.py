@@ -20,7 +20,7 @@ from scheduler.sim import adaptive
 from scheduler.sim.apps import load_application
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.loads import load_variant
-from scheduler.sim.metrics import summarize
+from scheduler.sim.metrics import by_application, summarize
 from scheduler.sim.trace import TraceError, load_workload, load_workloads
 from tests.servers import JIGSAW, clean_env
 
@@ -97,6 +97,21 @@ def test_jigsaw_sizes_an_adaptive_job_where_its_goodput_finishes_it_soonest(
 
     Simulator(jobs, ClusterShape.parse("4x4"), watch, options=SimOptions(adaptive_batch=True)).run()
     assert plans and plans[0][0] == plans[0][1]
+
+
+def test_jct_by_application_adds_up_to_the_average(tmp_path: Path) -> None:
+    path = tmp_path / "two.csv"
+    path.write_text(POLLUX_HEADER + "c1,0,cifar10,2,256\nc2,60,cifar10,4,512\nn,0,ncf,1,256\n")
+    jobs = load_workload(path, apps_dir=POLLUX / "apps").jobs
+    result = Simulator(jobs, ClusterShape.parse("1x4"), get_policy("tiresias")).run()
+    rows = by_application(result)
+    assert [(row["application"], row["jobs"]) for row in rows] == [("cifar10", 2), ("ncf", 1)]
+    assert sum(row["jct_share_s"] for row in rows) == pytest.approx(summarize(result)["avg_jct_s"])
+    cifar = [r.finish - r.submit for r in result.jobs if r.trace.workload == "cifar10" if r.finish]
+    assert rows[0]["avg_jct_s"] == pytest.approx(sum(cifar) / 2)
+    assert rows[0]["suspensions_per_job"] == 0.0
+    # Tiresias runs each job on the GPUs it asked for: 2 and 4, restarts aside.
+    assert 2.0 <= rows[0]["avg_gpus_running"] <= 4.0
 
 
 def test_cluster_efficiency_credits_each_job_its_cheapest_size() -> None:

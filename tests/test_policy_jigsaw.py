@@ -358,6 +358,25 @@ def test_a_job_does_not_grow_onto_gpus_spread_over_nodes_that_slow_it() -> None:
     assert plan.suspend == ()
 
 
+def test_a_running_job_near_its_end_grows_when_that_saves_a_share_of_what_it_has_left() -> None:
+    # 1,000 s to go on 2 GPUs, 450 s on 4: growing saves 550 s, less than the 600 s a
+    # long job must save to move, but more than half of what this one has left.
+    def running(iterations: int) -> JobView:
+        near_end = model(2, iterations, sizes={4: 0.45})
+        return job(1, 2, near_end, state=JobState.RUNNING, gpus=(100, 101))
+
+    held = nodes(1, 4, held={100: 1, 101: 1})
+    plan = jigsaw.schedule(snap(held, running(1000)))
+    assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 4)]
+    assert plan.suspend == (1,)
+    # With 10,000 s to go the 5,500 s saving is worth the move too; with 1,000 s and
+    # the share above 55% (or none), 550 s is not.
+    assert [len(p.gpu_ids) for p in jigsaw.schedule(snap(held, running(10_000))).start] == [4]
+    for share in (0.6, 1.0):
+        strict = JigsawParams(min_grow_share=share)
+        assert jigsaw.schedule(snap(held, running(1000)), strict) == Plan()
+
+
 def test_a_grown_job_shrinks_back_for_a_newcomer_instead_of_being_suspended() -> None:
     grown = job(
         1,

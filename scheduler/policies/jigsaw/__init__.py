@@ -37,14 +37,15 @@ over jobs divided by the GPUs. Each round:
    gang-placed on free GPUs; running jobs not admitted keep running where nobody took
    their GPUs. GPUs still free then grow placed jobs, in order, each to the size
    (including more than it asked for) that finishes it soonest on the nodes those
-   GPUs are on; a running job only when that saves it `min_grow_saving` seconds, its
-   restart included. In a first pass a job with more than `grow_floor_seconds` to go
-   grows only to sizes at `grow_floor` of its best progress per GPU (it would hold
-   the GPUs for hours), so the jobs behind it grow too; GPUs still idle after that go
-   as fast as they speed jobs up. In the first pass the jobs that need at least
-   `tail_share` of the drain time even at their fastest size (they will still run
-   when the cluster drains) take their turns longest first, so that they finish
-   together instead of the last alone on a cluster it cannot fill. Idle GPUs add
+   GPUs are on; a running job only when that saves it `min_grow_saving` seconds, or
+   `min_grow_share` of its time to go if less (a job near its end gains in proportion
+   to what it has left), its restart included. In a first pass a job with more than
+   `grow_floor_seconds` to go grows only to sizes at `grow_floor` of its best progress
+   per GPU (it would hold the GPUs for hours), so the jobs behind it grow too; GPUs
+   still idle after that go as fast as they speed jobs up. In the first pass the jobs
+   that need at least `tail_share` of the drain time even at their fastest size (they
+   will still run when the cluster drains) take their turns longest first, so that
+   they finish together instead of the last alone on a cluster it cannot fill. Idle GPUs add
    nothing, so growth costs nothing until a job ahead needs them back.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.

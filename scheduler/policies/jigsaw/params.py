@@ -88,9 +88,16 @@ class JigsawParams(BaseModel):
     min_grow_saving: float = Field(
         default=600.0,
         ge=0.0,
-        description="Seconds growing must save a running job, and no less than the move "
-        "costs it (`JobView.resize_seconds`: its measured resizes on the cluster, the "
-        "restart in the simulator).",
+        description="Seconds growing must save a running job ...",
+    )
+    min_grow_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="... or this share of its time to go, whichever is less (a job near "
+        "its end gains in proportion to what it has left); never less than the move costs "
+        "it (`JobView.resize_seconds`: its measured resizes on the cluster, the restart in "
+        "the simulator).",
     )
     grow_floor: float = Field(
         default=0.7,
