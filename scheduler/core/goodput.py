@@ -48,7 +48,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 import numpy as np
-import scipy.optimize
 
 from jigsaw.gradnoise import GradParams, check_batch, efficiency, efficiency_at_scale
 
@@ -262,6 +261,10 @@ def fit_throughput(samples: Iterable[StepSample]) -> PerfParams:
     lower = np.where(_LOGGED, math.log(_UNSEEN), _GAMMA_RANGE[0])[free]
     upper = np.where(_LOGGED, math.log(_MAX_SECONDS), _GAMMA_RANGE[1])[free]
     x0 = np.clip(np.where(_LOGGED, np.log(start), start)[free], lower + 1e-9, upper - 1e-9)
+    # Imported here: scipy.optimize takes most of a second to import, which every CLI
+    # command (through `jigsaw simulate`'s registration) would pay for nothing.
+    import scipy.optimize
+
     fitted = scipy.optimize.least_squares(residuals, x0, bounds=(lower, upper), method="trf")
     params = unpack(fitted.x)
     if not free[2]:
