@@ -100,22 +100,7 @@ def test_replayed_snapshots_give_the_plans_of_the_real_loop(
     add_job(factory, max_iterations=20)
     add_job(factory, max_iterations=40, spb=quarter)
 
-    recorded: list[tuple[bytes, Plan]] = []
-
-    def recording(snapshot: ClusterSnapshot, params: JigsawParams) -> Plan:
-        # Pickled before the policy runs: the replay starts from the data alone, with
-        # none of what the policy memoises on the models.
-        frozen = pickle.dumps(snapshot)
-        plan = jigsaw.schedule(snapshot, params)
-        recorded.append((frozen, plan))
-        return plan
-
-    monkeypatch.setitem(POLICIES, "jigsaw", recording)
-    monkeypatch.setenv("JIGSAW_SCHEDULER_POLICY", "jigsaw")
-    settings = SchedulerSettings(
-        round_seconds=0.01, lease_iterations=10, agent_timeout_seconds=3600
-    )
-    loop = SchedulerService(factory, SimulatedDispatcher(iterations_per_second=5), settings)
+    loop, recorded = _recording_loop(factory, monkeypatch)
     for second in range(24):
         loop.run_round(T0 + timedelta(seconds=second))
         report_running(factory)
@@ -152,20 +137,7 @@ def test_replayed_snapshots_give_the_resizes_of_the_real_loop(
         hyperparameters=Hyperparameters(batch_size=64, learning_rate=0.1),
         elastic=ElasticRange(min_workers=1, max_workers=4),
     )
-    recorded: list[tuple[bytes, Plan]] = []
-
-    def recording(snapshot: ClusterSnapshot, params: JigsawParams) -> Plan:
-        frozen = pickle.dumps(snapshot)
-        plan = jigsaw.schedule(snapshot, params)
-        recorded.append((frozen, plan))
-        return plan
-
-    monkeypatch.setitem(POLICIES, "jigsaw", recording)
-    monkeypatch.setenv("JIGSAW_SCHEDULER_POLICY", "jigsaw")
-    settings = SchedulerSettings(
-        round_seconds=0.01, lease_iterations=10, agent_timeout_seconds=3600
-    )
-    loop = SchedulerService(factory, SimulatedDispatcher(iterations_per_second=5), settings)
+    loop, recorded = _recording_loop(factory, monkeypatch)
     for second in range(16):
         now = T0 + timedelta(seconds=second)
         if second == 8:
@@ -193,3 +165,26 @@ def test_replayed_snapshots_give_the_resizes_of_the_real_loop(
     assert [(d["from_workers"], d["to_workers"]) for d in resized][:2] == [(2, 4), (4, 2)]
     # The costs measured reached the snapshots the policy saw.
     assert any(job.resize_seconds is not None for s in snapshots for job in s.jobs)
+
+
+def _recording_loop(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> tuple[SchedulerService, list[tuple[bytes, Plan]]]:
+    """The real loop running JigSaw, each snapshot it decided on recorded with its plan."""
+    recorded: list[tuple[bytes, Plan]] = []
+
+    def recording(snapshot: ClusterSnapshot, params: JigsawParams) -> Plan:
+        # Pickled before the policy runs: the replay starts from the data alone, with
+        # none of what the policy memoises on the models.
+        frozen = pickle.dumps(snapshot)
+        plan = jigsaw.schedule(snapshot, params)
+        recorded.append((frozen, plan))
+        return plan
+
+    monkeypatch.setitem(POLICIES, "jigsaw", recording)
+    monkeypatch.setenv("JIGSAW_SCHEDULER_POLICY", "jigsaw")
+    settings = SchedulerSettings(
+        round_seconds=0.01, lease_iterations=10, agent_timeout_seconds=3600
+    )
+    loop = SchedulerService(factory, SimulatedDispatcher(iterations_per_second=5), settings)
+    return loop, recorded

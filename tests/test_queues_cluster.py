@@ -81,17 +81,11 @@ class Sampler(threading.Thread):
             raise self.failure
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
 def test_a_team_gets_its_lent_gpus_back_from_real_training_jobs(
-    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+    tmp_path: Path, db_url: str
 ) -> None:
-    url = (
-        f"sqlite:///{tmp_path}/jigsaw.db"
-        if backend == "sqlite"
-        else str(request.getfixturevalue("postgres_url"))
-    )
     settings = {
-        "JIGSAW_DATABASE_URL": url,
+        "JIGSAW_DATABASE_URL": db_url,
         "JIGSAW_SCHEDULER_POLICY": "fifo",
     }
     home = tmp_path / "home"
@@ -153,7 +147,7 @@ def test_a_team_gets_its_lent_gpus_back_from_real_training_jobs(
         waits = [e["message"] for e in events[job_id] if e["kind"] == "pending"]
         assert all("still held by the processes of a suspended" in w for w in waits), waits
 
-    engine = make_engine(url)
+    engine = make_engine(db_url)
     try:
         with engine.connect() as connection:
             for job_id in a:
