@@ -1252,13 +1252,14 @@ def profile(
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    from worker_agent.gpus import VIRTUAL_KIND
     from worker_agent.runtime.spb.efficiency import measure_profile, phases
     from worker_agent.runtime.spb.stages import StageError
-    from worker_agent.runtime.timing import utilization_meter
+    from worker_agent.runtime.timing import peak_memory_bytes, utilization_meter
     from worker_agent.runtime.workloads import WorkloadError
 
     measured_on = torch.device(device)
-    device_kind = "cpu"
+    device_kind = VIRTUAL_KIND  # what an agent's CPU slots report, so profiles match them
     if measured_on.type == "cuda":
         if not torch.cuda.is_available():
             _fail(f"--device {device}: torch {torch.__version__} sees no CUDA device here", 2)
@@ -1271,13 +1272,18 @@ def profile(
     torch.set_num_threads(threads)
     # On stderr even with --json: the efficiency runs take minutes.
     with StepProgress(err, workload, phases(goal)) as steps:
-        # How busy the device is while the stages are timed (the first phase).
+        # How busy the device is, and the memory it takes, while the stages are timed
+        # (the first phase): what the scheduler packs a job by before it reports.
         meter = utilization_meter(measured_on)
+        if measured_on.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(measured_on)
         utilization: list[float | None] = []
+        peak: list[int] = []
 
         def on_phase(phase: str) -> None:
             if steps.begun == 1:
                 utilization.append(meter.sample())
+                peak.append(peak_memory_bytes(measured_on))
             steps.begin(phase)
 
         try:
@@ -1296,7 +1302,13 @@ def profile(
             _fail(str(exc), 2)
         if not utilization:
             utilization.append(meter.sample())
-    document = {**measured.to_json(), "device_kind": device_kind, "utilization": utilization[0]}
+            peak.append(peak_memory_bytes(measured_on))
+    document = {
+        **measured.to_json(),
+        "device_kind": device_kind,
+        "utilization": utilization[0],
+        "peak_memory_bytes": peak[0],
+    }
     if save:
         with _api(ctx) as client:
             client.put_profile(workload, {k: v for k, v in document.items() if k != "workload"})

@@ -360,6 +360,14 @@ class ProfileIn(BaseModel):
         description="The device's utilization while the stages were timed (CPU: the "
         "process's CPU time per thread); unset: not measured.",
     )
+    peak_memory_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**50,
+        description="The device memory the timed passes took at most (CUDA: the "
+        "allocator's peak; CPU: the process's resident set, as jobs report it); unset: "
+        "not measured. With the utilization, JigSaw may pack a job that has not run yet.",
+    )
 
     @field_validator("steps_ratio")
     @classmethod

@@ -21,7 +21,9 @@ other).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,9 +34,10 @@ from typing import Any, Literal
 from api.client import JigsawClient
 from benchmarks.harness import add_output_options, emit
 from benchmarks.live import alive_gpus, lost, makespan_and_mean_jct, timestamp, wait
+from jigsaw import spb
 from scheduler.core.interference import fitted
 from tests.cluster import cluster
-from tests.servers import TERMINAL
+from tests.servers import JIGSAW, TERMINAL
 
 Device = Literal["cpu", "cuda"]
 
@@ -46,7 +49,44 @@ LEASE_ITERATIONS = 20
 VIRTUAL_KIND = "virtual-cpu"  # what an agent's virtual slots register as
 
 
-def _job(workload: str, batch: int, iterations: int) -> dict[str, Any]:
+# Small jobs (an MLP, small batches) and larger ones (convolutions, larger batches); on
+# CUDA the synthetic ResNet and transformer besides, at batches that leave a large GPU
+# mostly idle alone (the issue's mix of jobs that each leave it half idle).
+MIXES: dict[Device, list[tuple[str, int]]] = {
+    "cpu": [
+        ("digits-mlp", 16),
+        ("digits-mlp", 64),
+        ("digits-mlp", 256),
+        ("digits-cnn", 64),
+        ("digits-cnn", 256),
+        ("transformer-synthetic", 32),
+    ],
+    "cuda": [
+        ("resnet-synthetic", 32),
+        ("resnet-synthetic", 128),
+        ("resnet-synthetic", 512),
+        ("transformer-synthetic", 32),
+        ("transformer-synthetic", 256),
+        ("digits-cnn", 256),
+    ],
+}
+# Each job's length: about this many seconds of its profiled step alone (the runtime's
+# own time per iteration comes on top), in whole leases, so that a mix takes about as
+# long on any device.
+PROFILED_SECONDS: dict[Device, float] = {"cpu": 4.0, "cuda": 10.0}
+# The fewest and most iterations a job is given: the runtime's own time per iteration
+# dwarfs a small model's step on a large GPU.
+ITERATIONS: dict[Device, tuple[int, int]] = {
+    "cpu": (2 * LEASE_ITERATIONS, 1000),
+    "cuda": (2 * LEASE_ITERATIONS, 600),
+}
+
+
+def job_spec(workload: str, batch: int, step_seconds: float, device: Device) -> dict[str, Any]:
+    """A one-GPU job of `workload` at `batch`, `PROFILED_SECONDS` of `step_seconds` long."""
+    leases = round(PROFILED_SECONDS[device] / step_seconds / LEASE_ITERATIONS)
+    fewest, most = ITERATIONS[device]
+    iterations = min(max(leases * LEASE_ITERATIONS, fewest), most)
     return {
         "name": f"{workload}-b{batch}",
         "workload": workload,
@@ -55,27 +95,17 @@ def _job(workload: str, batch: int, iterations: int) -> dict[str, Any]:
     }
 
 
-# Small jobs (an MLP, small batches) and large ones (convolutions, large batches), each
-# a few tens of seconds alone; on CUDA the synthetic ResNet and transformer, at batches
-# that leave an H100 mostly idle and at one that keeps it busy.
-MIXES: dict[Device, list[dict[str, Any]]] = {
-    "cpu": [
-        _job("digits-mlp", 16, 160),
-        _job("digits-mlp", 64, 160),
-        _job("digits-mlp", 256, 100),
-        _job("digits-cnn", 64, 80),
-        _job("digits-cnn", 256, 40),
-        _job("transformer-synthetic", 32, 40),
-    ],
-    "cuda": [
-        _job("resnet-synthetic", 32, 600),
-        _job("resnet-synthetic", 64, 600),
-        _job("resnet-synthetic", 512, 300),
-        _job("transformer-synthetic", 32, 600),
-        _job("transformer-synthetic", 256, 300),
-        _job("digits-cnn", 256, 600),
-    ],
-}
+def measured_profile(workload: str, batch: int, device: Device) -> dict[str, Any]:
+    """`jigsaw profile --json` of one worker of `workload` at `batch` on `device`: the
+    stages' costs, the device's kind, utilization and peak memory, which JigSaw packs a
+    job by before it reports."""
+    command = [*JIGSAW, "profile", workload, "--workers", "1", "--batch-size", str(batch)]
+    command += ["--device", device, "--repeats", "5", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"profiling {workload} at batch {batch} failed: {done.stderr[-2000:]}")
+    profile: dict[str, Any] = json.loads(done.stdout)
+    return profile
 
 
 @dataclass(frozen=True)
@@ -142,6 +172,11 @@ def policy_suspensions(client: JigsawClient, job_id: int) -> int:
     )
 
 
+def step_seconds(profile: Mapping[str, Any]) -> float:
+    """One full-backprop step of the profiled worker."""
+    return spb.job_cost(spb.SPBProfile.from_json(profile), None, 1).iteration_compute_seconds
+
+
 def solo_utilization(client: JigsawClient, job_id: int) -> float | None:
     """The mean utilization the job reported (0-1 per torch thread on a virtual GPU:
     gloo's threads can take it past 1)."""
@@ -153,10 +188,16 @@ def solo_utilization(client: JigsawClient, job_id: int) -> float | None:
     return statistics.mean(reported) if reported else None
 
 
-def run_policy(policy: str, device: Device, home: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_policy(
+    policy: str, device: Device, home: Path, profiles: Sequence[Mapping[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The policy's row, and each job's solo utilization by name (meaningful under
-    FIFO, where no job shares a GPU)."""
-    mix = MIXES[device]
+    FIFO, where no job shares a GPU). `profiles`: each job's, stored before it is
+    submitted."""
+    mix = [
+        job_spec(profile["workload"], profile["per_worker_batch"], step_seconds(profile), device)
+        for profile in profiles
+    ]
     settings = {
         "JIGSAW_SCHEDULER_POLICY": policy,
         "JIGSAW_SCHEDULER_LEASE_ITERATIONS": str(LEASE_ITERATIONS),
@@ -165,9 +206,19 @@ def run_policy(policy: str, device: Device, home: Path) -> tuple[dict[str, Any],
     }
     gpus = str(VIRTUAL_GPUS) if device == "cpu" else "auto"
     with cluster(home, **settings) as running:
-        running.start_agent(NODE, gpus, JIGSAW_AGENT_MAX_JOBS_PER_GPU=str(MAX_JOBS_PER_GPU))
+        running.start_agent(
+            NODE,
+            gpus,
+            JIGSAW_AGENT_MAX_JOBS_PER_GPU=str(MAX_JOBS_PER_GPU),
+            # Time slicing, the mode the interference fits of every generation have.
+            JIGSAW_AGENT_MPS="off",
+        )
         with running.client() as client:
             wait(lambda: alive_gpus(client) > 0, "the agent's GPUs")
+            for profile in profiles:
+                client.put_profile(
+                    profile["workload"], {k: v for k, v in profile.items() if k != "workload"}
+                )
             ids = [client.submit(spec)["id"] for spec in mix]
             wait(lambda: all(client.get_job(i)["state"] in TERMINAL for i in ids), "the jobs")
             jobs = [client.get_job(i) for i in ids]
@@ -180,6 +231,7 @@ def run_policy(policy: str, device: Device, home: Path) -> tuple[dict[str, Any],
     row = {
         "policy": policy,
         "device": device,
+        "gpu": profiles[0]["device_kind"],
         "jobs": len(jobs),
         "makespan_s": makespan,
         "mean_jct_s": mean_jct,
@@ -221,14 +273,26 @@ def predictions(utilization: Mapping[str, float | None], gpu_kind: str) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep each policy's cluster home (logs, database) under DIR",
+    )
     add_output_options(parser)
     args = parser.parse_args()
     device: Device = args.device
-    with tempfile.TemporaryDirectory(prefix="jigsaw-packing-") as home:
-        results = {policy: run_policy(policy, device, Path(home) / policy) for policy in POLICIES}
+    profiles = [measured_profile(workload, batch, device) for workload, batch in MIXES[device]]
+    with tempfile.TemporaryDirectory(prefix="jigsaw-packing-") as scratch:
+        home = args.keep or Path(scratch)
+        results = {
+            policy: run_policy(policy, device, home / policy, profiles) for policy in POLICIES
+        }
     fifo = results["fifo"][0]
     # Solo utilizations from the FIFO run, where every job had its GPU to itself.
-    predicted = predictions(results["fifo"][1], VIRTUAL_KIND if device == "cpu" else "h100")
+    predicted = predictions(
+        results["fifo"][1], VIRTUAL_KIND if device == "cpu" else profiles[0]["device_kind"]
+    )
     best = max((row["pair_throughput"] for row in predicted), default=float("nan"))
     rows = [
         {

@@ -28,7 +28,7 @@ from scheduler.core import rounds
 from scheduler.core.plan import Placement, Plan, Reconfigure, Resize
 from scheduler.core.quota import QuotaDecision, Quotas, schedule_within
 from scheduler.core.rounds import Decision, RoundResult
-from scheduler.core.snapshot import ClusterSnapshot
+from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
 from scheduler.core.states import TERMINAL, IllegalTransition, JobState, SuspendedBy
 from scheduler.core.validate import validate
 from scheduler.core.waits import UNPLACEABLE, Wait, estimated_starts, explain, freeing_reason
@@ -39,6 +39,7 @@ from scheduler.models import code as code_models
 from scheduler.models import jobs as job_models
 from scheduler.models import queues as queue_models
 from scheduler.models import resizes as resize_models
+from scheduler.models import starts as start_models
 from scheduler.models.nodes import on_drained_node, suspended_to_requeue
 from scheduler.models.rounds import prune_rounds, record_round
 from scheduler.models.snapshot import build_snapshot
@@ -99,6 +100,8 @@ class SchedulerService:
         # their cost not yet measured (scheduler/resize.py).
         self._resizing: dict[int, PendingResize] = {}
         self._measuring: dict[int, PendingResize] = {}
+        # Jobs launched whose start is not yet measured: the iteration each begins at.
+        self._starting: dict[int, int] = {}
 
     def run_forever(self, stop: threading.Event, leading: Callable[[], bool] | None = None) -> None:
         """Run rounds every `round_seconds` until `stop` is set, or until `leading` (the
@@ -165,6 +168,7 @@ class SchedulerService:
         finished = self._ingest(reports, now)
         relaunched = self._relaunch_resized(now)
         self._measure_resizes(now)
+        self._measure_starts()
         agents_lost, requeued = self._expire_agents(now)
         released = self._release_ended(now)
         requeued += self._reconcile(now)
@@ -577,8 +581,11 @@ class SchedulerService:
                 lease_iterations=self._settings.lease_iterations,
                 attempt=attempt,
                 global_batch=placement.global_batch,
+                memory_bytes=_profiled_cap(job, [gpus[g] for g in placement.gpu_ids]),
             )
-            running += self._launch(launch, now)
+            if self._launch(launch, now):
+                self._starting[job.id] = job.iterations_done + 1
+                running += 1
         return running
 
     def _launch(self, launch: Launch, now: datetime) -> bool:
@@ -743,6 +750,18 @@ class SchedulerService:
             del self._measuring[job_id]
             self._decide(rounds.RESIZED, job_id, **details)
 
+    def _measure_starts(self) -> None:
+        """Store what each launched job's start cost once its first iteration is in."""
+        for job_id, first in list(self._starting.items()):
+            with transaction(self._factory) as session:
+                job = session.get(Job, job_id)
+                if job is not None and job.state == JobState.RUNNING:
+                    seconds = start_models.start_seconds(session, job_id, first)
+                    if seconds is None:
+                        continue
+                    start_models.record_started(session, job_id, first, seconds, actor=ACTOR)
+            del self._starting[job_id]
+
     # -- helpers --------------------------------------------------------------------
 
     def _decide(self, kind: str, job_id: int | None, **detail: Any) -> None:
@@ -806,3 +825,12 @@ def _clip(message: str) -> str:
         return message
     head = _MESSAGE_CHARS // 10
     return f"{message[:head]} ... {message[-(_MESSAGE_CHARS - head - 5) :]}"
+
+
+def _profiled_cap(job: JobView, gpus: Iterable[GPUView]) -> int | None:
+    """The memory cap of a job that has not reported, as the model its profile gave it
+    puts it (so it can share a GPU from its first placement); None: the dispatcher caps
+    it by what it reported, or gives it the whole GPU."""
+    if job.iterations_done or job.model is None:
+        return None
+    return min([job.model.memory_bytes, *(gpu.memory_bytes for gpu in gpus)])

@@ -554,9 +554,12 @@ def test_profile_measures_stores_and_refuses_bad_input(server: Server, tmp_path:
     assert all(stage["parameter_bytes"] > 0 for stage in profile["stages"])
     (stored,) = json.loads(cli(server.home, "profiles", "--json").stdout)["items"]
     assert stored["workload"] == "digits-cnn" and stored["profile"]["stages"] == profile["stages"]
-    # Measured where an agent here runs jobs (no CUDA: the CPU), with how busy it was.
-    assert profile["device_kind"] == "cpu" and stored["key"] == "cpu/batch-16"
+    # Measured where an agent here runs jobs (no CUDA: its CPU slots), with how busy it
+    # was and the memory it took.
+    assert profile["device_kind"] == "virtual-cpu" and stored["key"] == "virtual-cpu/batch-16"
     assert profile["utilization"] > 0 and stored["profile"]["utilization"] == profile["utilization"]
+    assert profile["peak_memory_bytes"] > 0
+    assert stored["profile"]["peak_memory_bytes"] == profile["peak_memory_bytes"]
     # Its one phase on stderr, as a line (not a terminal), beside the JSON.
     assert "[1/1] digits-cnn: per-stage costs" in result.stderr
     for args, words in [

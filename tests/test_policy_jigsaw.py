@@ -189,6 +189,18 @@ def test_shorter_jobs_first_but_a_starving_job_goes_ahead() -> None:
     assert [p.job_id for p in jigsaw.schedule(snap(cluster, short, starving)).start] == [2]
 
 
+def test_a_waiting_job_displaces_a_running_one_only_by_more_than_its_start() -> None:
+    """Jobs of seconds: 0.5 s shorter than a running job's 7 s (10 s, discounted by
+    `stickiness`) displaces it while a start is free, not once starts cost 2 s."""
+    cluster = nodes(1, 1, {100: 1})
+    running = job(1, 1, model(1, 10, step=1.0), state=JobState.RUNNING, gpus=(100,))
+    waiting = job(2, 1, model(1, 65, step=0.1))
+    plan = jigsaw.schedule(snap(cluster, running, waiting))
+    assert (plan.suspend, [p.job_id for p in plan.start]) == ((1,), [2])
+    costly = [replace(j, start_seconds=2.0) for j in (running, waiting)]
+    assert jigsaw.schedule(snap(cluster, *costly)) == Plan()
+
+
 def test_a_wasteful_job_is_shrunk_only_while_the_cluster_is_crowded() -> None:
     # Asked for 4 GPUs but runs barely faster than on 2: 1 s on 4 vs 1.5 s on 2 GPUs,
     # so 2 GPUs give 33% more progress per GPU.

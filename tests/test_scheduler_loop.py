@@ -24,9 +24,11 @@ from scheduler.dispatch import Command, Launch, Report, RunOutcome, SimulatedDis
 from scheduler.leader import LeaderLock, LeaderUnavailable
 from scheduler.loop import SchedulerService
 from scheduler.models.jobs import cancel, resume, submit, suspend
+from scheduler.models.metrics import record
+from scheduler.models.snapshot import build_snapshot
 from scheduler.models.states import transition
 from scheduler.models.users import Principal, get_or_create_user
-from scheduler.orm import GPU, Agent, Allocation, Event, Job, Node
+from scheduler.orm import GPU, Agent, Allocation, Event, IterationMetric, Job, Node
 from scheduler.policies import POLICIES, fifo
 from scheduler.settings import SchedulerSettings
 
@@ -570,3 +572,26 @@ def test_a_plan_item_the_validator_refuses_is_dropped_not_the_round(
     assert (result.started, result.conflicts) == (1, 1)
     assert (state(factory, placed), state(factory, refused)) == (JobState.RUNNING, JobState.QUEUED)
     assert held_gpus(factory, refused) == []
+
+
+def test_a_launched_job_s_start_is_measured_once_its_first_iteration_is_in(
+    factory: sessionmaker[Session],
+) -> None:
+    """From its placement to its first report: what JigSaw charges a waiting job."""
+    add_nodes(factory, {"a": 1})
+    job_id = add_job(factory, 1, max_iterations=1000)
+    loop, _ = service(factory)
+    loop.run_round(T0)
+    loop.run_round(T0 + timedelta(seconds=1))
+    assert events(factory, "started") == []  # no iteration reported yet
+    with transaction(factory) as session:
+        [placed] = session.scalars(select(Allocation.created_at)).all()
+        first = placed + timedelta(seconds=7.5)
+        record(session, [{"job_id": job_id, "iteration": 1, "step_seconds": 0.1}])
+        session.execute(update(IterationMetric).values(reported_at=first))
+    loop.run_round(T0 + timedelta(seconds=2))
+    [started] = events(factory, "started")
+    assert (started.job_id, started.data) == (job_id, {"iteration": 1, "seconds": 7.5})
+    with transaction(factory) as session:
+        snapshot = build_snapshot(session, T0 + timedelta(seconds=4))
+    assert snapshot.jobs[0].start_seconds == started.data["seconds"]

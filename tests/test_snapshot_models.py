@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +19,8 @@ from jigsaw.spb import SPBProfile, StageProfile, config_key
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
+from scheduler.dispatch import Launch, SimulatedDispatcher
+from scheduler.loop import SchedulerService
 from scheduler.models.jobs import submit
 from scheduler.models.measured import RECENT_ITERATIONS, UNKNOWN_ITERATIONS
 from scheduler.models.metrics import record
@@ -27,7 +29,7 @@ from scheduler.models.snapshot import build_snapshot
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Allocation, Job, ModelProfile
 from scheduler.policies import jigsaw
-from tests.test_scheduler_loop import T0, add_nodes
+from tests.test_scheduler_loop import SETTINGS, T0, add_nodes
 
 HALF = SPBConfig(full_fraction=0.5, partial_depth=0.5)
 GIB = 1 << 30
@@ -339,3 +341,71 @@ def test_a_job_s_slowdown_beside_co_runners_is_measured_against_its_steps_alone(
     assert slowdowns[alone] is None and slowdowns[shared] is None
     assert slowdowns[modes] is None  # SPB's steps are not full backprop's
     assert slowdowns[unreported] is None and slowdowns[left] is None
+
+
+def test_a_job_that_has_not_run_is_modelled_from_its_profile_on_the_cluster_s_gpus(
+    factory: sessionmaker[Session],
+) -> None:
+    """A profile at the job's per-worker batch, measured on a kind of GPU the cluster has
+    with utilization and peak memory, models a job before it reports: JigSaw packs two
+    such jobs on one GPU in the first round. Any figure missing, nothing is assumed."""
+    add_nodes(factory, {"a": 1})
+    profile = replace(spb_profile(compute=0.01), steps_ratio={})
+    with transaction(factory) as session:
+        save_profile(session, profile, "H100", 0.3, peak_memory_bytes=2 * GIB)
+        # At another batch: measured on another GPU only, and without utilization.
+        other = replace(profile, per_worker_batch=64)
+        save_profile(session, other, "T4", 0.3, peak_memory_bytes=GIB)
+        save_profile(session, other, "H100", None, peak_memory_bytes=GIB)
+
+    def one_worker(batch: int) -> int:
+        return add_job(factory, workers=1, hyperparameters={"batch_size": batch})
+
+    first, second, unprofiled = one_worker(32), one_worker(32), one_worker(64)
+
+    jobs = {job.id: job for job in snapshot(factory).jobs}
+    assert jobs[unprofiled].model is None
+    model = jobs[first].model
+    assert model is not None and model.utilization == 0.3
+    # 4 stages forward and backward; the first needs no gradient of its input (data).
+    assert model.steps == {1: {1: (pytest.approx(0.11), 0.0)}}
+    assert model.memory_bytes == 4 * GIB  # twice the profile's peak
+    plan = jigsaw.schedule(snapshot(factory))
+    placed = {p.job_id: p.gpu_ids for p in plan.start}
+    assert placed.keys() == {first, second} and placed[first] == placed[second]
+
+    # What the job reports replaces the profile's figures; the time its iterations took
+    # beyond the profile's passes (optimizer, data, reports) is added to the others'.
+    report(factory, first, range(0, 5), step=0.5, comm=0.0, utilization=0.6)
+    models = {job.id: job.model for job in snapshot(factory).jobs}
+    reported, waiting = models[first], models[second]
+    assert reported is not None and reported.utilization == pytest.approx(0.6)
+    assert reported.steps == {1: {1: (pytest.approx(0.5), 0.0)}}
+    assert waiting is not None and waiting.steps == {1: {1: (pytest.approx(0.5), 0.0)}}
+
+
+@dataclass
+class _Recording(SimulatedDispatcher):
+    launched: list[Launch] = field(default_factory=list)
+
+    def launch(self, launch: Launch) -> bool:
+        self.launched.append(launch)
+        return super().launch(launch)
+
+
+def test_a_profiled_job_is_launched_capped_by_its_profile_not_the_whole_gpu(
+    factory: sessionmaker[Session],
+) -> None:
+    """The agent sums its jobs' caps against the GPU's memory: a job launched before it
+    reports must be capped by what its profile predicts, or nothing could join it."""
+    add_nodes(factory, {"a": 2})
+    with transaction(factory) as session:
+        save_profile(session, spb_profile(compute=0.01), "H100", 0.3, peak_memory_bytes=2 * GIB)
+    profiled = add_job(factory, workers=1, hyperparameters={"batch_size": 32})
+    unprofiled = add_job(factory, workers=1, hyperparameters={"batch_size": 64})
+    dispatcher = _Recording(iterations_per_second=10)
+    loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="jigsaw")
+    loop.run_round(T0)
+    caps = {launch.job_id: launch.memory_bytes for launch in dispatcher.launched}
+    # None: the dispatcher caps the job by its reports, the whole GPU without any.
+    assert caps == {profiled: 4 * GIB, unprofiled: None}

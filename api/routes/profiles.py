@@ -52,4 +52,11 @@ def put_profile(workload: str, body: ProfileIn, user: User, factory: Factory) ->
         steps_ratio=body.steps_ratio,
     )
     with transaction(factory) as session:
-        return ProfileOut.of(save_profile(session, profile, body.device_kind, body.utilization))
+        stored = save_profile(
+            session,
+            profile,
+            body.device_kind,
+            body.utilization,
+            peak_memory_bytes=body.peak_memory_bytes,
+        )
+        return ProfileOut.of(stored)

@@ -99,8 +99,9 @@ class InterferenceModel:
 
 PARAMETERS_FILE = "interference.json"
 # Generations with no fit of their own take the nearest fitted one by SM architecture:
-# Turing (T4) is Volta's SM with new tensor-core modes.
-NEAREST_FITTED = {"t4": "v100"}
+# Turing (T4) is Volta's SM with new tensor-core modes; the H200 is the H100's chip with
+# more and faster memory.
+NEAREST_FITTED = {"t4": "v100", "h200": "h100"}
 
 
 @dataclass(frozen=True)

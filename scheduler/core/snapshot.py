@@ -84,6 +84,10 @@ class JobView:
     # `resized` events (its own, else the cluster's recent ones), in the simulator its
     # restart; None: not known, and charged as nothing.
     resize_seconds: float | None = None
+    # What starting it (again) is expected to cost, from placement to its first iteration:
+    # on the cluster the mean of the recent starts measured there; None (the simulator,
+    # whose jobs run for hours): charged as nothing in the order.
+    start_seconds: float | None = None
 
     @cached_property
     def waiting(self) -> bool:

@@ -32,6 +32,15 @@ through the `(job_id, iteration)` index):
   reported, the solo utilization the interference model reads; none reported (or only
   under SPB), it is None and JigSaw neither packs it nor packs beside it.
 
+A job that has reported nothing yet has a model all the same where its workload was
+profiled (`jigsaw profile --save`) at its per-worker batch on a kind of GPU the cluster
+has, with the device's utilization and peak memory: the step is the profile's full
+backprop, the utilization the profile's, the memory twice the profile's peak (its passes
+hold no optimizer state, and the allocator reserves more than it hands out). So a job
+submitted beside others can be packed from its first placement instead of only once it
+has run alone; what it reports replaces the profile's figures. Its step is the profile's
+plus the runtime's own time per iteration as the jobs that reported show it.
+
 Apart from the model (`colocated_slowdowns`, one more query): how much longer a job's
 iterations took beside co-runners than alone, measured, which JigSaw weighs against its
 bound in place of the prediction (a guest yields when its host's passes it).
@@ -40,7 +49,9 @@ bound in place of the prediction (a guest yields when its host's passes it).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import math
+import statistics
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,8 +104,10 @@ def job_models(
     *,
     per_node: int = 1,
     max_nodes: int = 1,
+    gpu_kinds: Collection[str] = (),
 ) -> dict[int, JobModel]:
-    """A model for each job that has reported iterations (three queries; two more when
+    """A model for each job that has reported iterations, or was profiled on one of
+    `gpu_kinds` (three queries; one more for jobs that have not reported, two more when
     some job is elastic or adapts its batch). `per_node` and `max_nodes`: the most GPUs
     of a node and the nodes, the placements an elastic job's sizes are predicted on."""
     full, partial = _recent_speeds(session, list(active_states))
@@ -106,7 +119,8 @@ def job_models(
         if (found := sized_job(job.id, dict(job.spec), job.held, job.held_nodes)) is not None
     ]
     sized = sized_steps(session, resizable, per_node, max_nodes)
-    models = {}
+    unreported = [job for job in listed if job.id not in partial]
+    models = _profiled_models(session, unreported, gpu_kinds, profiles, full)
     for job in listed:
         profile = profiles.get(job.id)
         steps = _full_backprop_step(job, profile, full.get(job.id), partial.get(job.id))
@@ -126,6 +140,97 @@ def job_models(
             batches=table.batches if table is not None else {},
         )
     return models
+
+
+# A profile's passes hold no optimizer state and count no allocator reserve: a job that
+# has not reported is taken to need this many times the profile's peak.
+PROFILED_MEMORY_FACTOR = 2.0
+
+
+def _profiled_models(
+    session: Session,
+    jobs: list[ActiveJob],
+    gpu_kinds: Collection[str],
+    spb_profiles: Mapping[int, spb.SPBProfile],
+    full: Mapping[int, _Speed],
+) -> dict[int, JobModel]:
+    """Models of the jobs that have not reported (not in `full`), from profiles of their
+    workloads measured at their per-worker batch on a kind of GPU the cluster has, with
+    utilization and peak memory (one query).
+
+    A profile times the model's passes alone; an iteration also runs the optimizer, the
+    data loader and the runtime's reports. That time is taken from the jobs that have
+    reported and have such a profile too (the median of their measured compute less
+    the profile's), so that a job not yet run does not look shorter than running ones
+    and displace them."""
+    keys = {
+        job.id: sorted(f"{kind}/batch-{batch}" for kind in gpu_kinds)
+        for job in jobs
+        if (batch := _per_worker_batch(job)) is not None
+    }
+    if not any(keys.values()):
+        return {}
+    found: dict[tuple[str, str], tuple[spb.SPBProfile, float, int]] = {}
+    for workload, key, data in session.execute(
+        select(ModelProfile.workload, ModelProfile.key, ModelProfile.data).where(
+            ModelProfile.workload.in_({_workload(job) for job in jobs}),
+            ModelProfile.key.in_({key for held in keys.values() for key in held}),
+        )
+    ):
+        if (measured := _profiled(data)) is not None:
+            found[workload, key] = measured
+    profiled = {}
+    for job in jobs:
+        matching = [
+            found[_workload(job), key]
+            for key in keys.get(job.id, ())
+            if (_workload(job), key) in found
+        ]
+        if matching:
+            profiled[job.id] = matching[0]
+    extra = [
+        full[job_id].step_seconds - full[job_id].comm_seconds - _step(profile)
+        for job_id, (profile, _, _) in profiled.items()
+        if job_id in full
+    ]
+    overhead = max(statistics.median(extra), 0.0) if extra else 0.0
+    models = {}
+    for job in jobs:
+        if job.id in full or job.id not in profiled:
+            continue
+        profile, utilization, peak = profiled[job.id]
+        target = job.spec.get("max_iterations")
+        models[job.id] = JobModel(
+            iterations_total=int(target) if target is not None else UNKNOWN_ITERATIONS,
+            workers=job.workers,
+            steps={job.workers: {1: (_step(profile) + overhead, 0.0)}},
+            memory_bytes=math.ceil(peak * PROFILED_MEMORY_FACTOR),
+            spb_profile=spb_profiles.get(job.id),
+            utilization=utilization,
+        )
+    return models
+
+
+def _step(profile: spb.SPBProfile) -> float:
+    """A profiled worker's full-backprop compute per iteration."""
+    return spb.job_cost(profile, None, 1).iteration_compute_seconds
+
+
+def _profiled(data: Mapping[str, Any]) -> tuple[spb.SPBProfile, float, int] | None:
+    """A stored profile, its utilization and peak memory; None when it lacks either (or
+    is malformed: a bad row must not stop every round)."""
+    utilization, peak = data.get("utilization"), data.get("peak_memory_bytes")
+    if not isinstance(utilization, int | float) or not 0.0 <= utilization <= 1.0:
+        return None
+    if not isinstance(peak, int) or peak <= 0:
+        return None
+    try:
+        profile = spb.SPBProfile.from_json(data)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if _step(profile) <= 0:
+        return None
+    return profile, float(utilization), peak
 
 
 def _auto(job: ActiveJob) -> bool:

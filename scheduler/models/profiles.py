@@ -27,8 +27,10 @@ def save_profile(
     utilization: float | None = None,
     *,
     keep_price: bool = False,
+    peak_memory_bytes: int | None = None,
 ) -> ModelProfile:
-    """`utilization`: the device's while the profile's passes ran (None: not measured).
+    """`utilization`, `peak_memory_bytes`: the device's while the profile's passes ran
+    (None: not measured).
     `keep_price`: a profile without SPB's statistical price (what every new SPB job
     measures) keeps the price stored under its key (`jigsaw profile --efficiency
     --save`'s, which takes training runs to measure and depends on neither the stage
@@ -44,6 +46,8 @@ def save_profile(
         data["steps_ratio"] = row.data.get("steps_ratio", {})
     if utilization is not None:
         data["utilization"] = utilization
+    if peak_memory_bytes is not None:
+        data["peak_memory_bytes"] = peak_memory_bytes
     if row is None:
         row = ModelProfile(workload=profile.workload, key=key, data=data)
         session.add(row)

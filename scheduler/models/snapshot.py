@@ -21,6 +21,7 @@ from scheduler.core.snapshot import (
 from scheduler.core.states import JobState, SuspendedBy
 from scheduler.models.measured import ActiveJob, colocated_slowdowns, job_models
 from scheduler.models.resizes import measured_costs
+from scheduler.models.starts import typical_start_seconds
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
 
 # A stored spec was validated at submission: only its SPB setting is parsed again.
@@ -117,10 +118,12 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
         max((gpu.memory_bytes for gpus in gpus_by_node.values() for gpu in gpus), default=0),
         per_node=max((len(gpus) for gpus in gpus_by_node.values()), default=1),
         max_nodes=max(len(node_rows), 1),
+        gpu_kinds={gpu.kind for gpus in gpus_by_node.values() for gpu in gpus},
     )
     slowdowns = colocated_slowdowns(session, active)
     sizes = {job.id: _sizes(job.spec) for job in rows}
     costs = measured_costs(session, [job_id for job_id, counts in sizes.items() if counts])
+    start = typical_start_seconds(session)
     jobs = tuple(
         JobView(
             id=job.id,
@@ -141,6 +144,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             sizes=sizes[job.id],
             queue=str(job.spec.get("queue") or "default"),
             resize_seconds=costs.get(job.id),
+            start_seconds=start,
         )
         for job in rows
     )

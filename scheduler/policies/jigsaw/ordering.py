@@ -1,7 +1,7 @@
 """Step 1, the order: priority, then starving jobs, then paced jobs, then least
-remaining GPU-time (running jobs' discounted by `stickiness`, the makespan setters' by
-`straggler_discount`); and pacing, the width of the jobs that would set the makespan
-once submissions stop."""
+remaining GPU-time (running jobs' discounted by `stickiness`, waiting jobs' charged their
+start, the makespan setters' discounted by `straggler_discount`); and pacing, the width
+of the jobs that would set the makespan once submissions stop."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def _key(
         remaining *= params.straggler_discount
     if job.holding:
         remaining *= params.stickiness
+    elif job.start_seconds:
+        # A waiting job must start before it progresses: one barely shorter than a
+        # running job does not displace it (jobs of seconds, whose start is most of it).
+        remaining += job.start_seconds * job.workers
     return (-job.priority, not starving, job.id not in sizing.paced, remaining, -arrived, job.id)
 
 
