@@ -5,7 +5,6 @@ of its neighbours and how each GPU is shared, stored."""
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -22,6 +21,7 @@ from scheduler.agents.dispatcher import MEMORY_HEADROOM
 from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, SimulatedDispatcher, Worker
+from scheduler.models.agents import MEMORY_SLACK_BYTES, allowance
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Allocation, IterationMetric, Job, JobLog
@@ -140,10 +140,12 @@ def test_caps_follow_the_measured_peak_and_a_refusal_comes_back_as_such(
         assert report.outcome is RunOutcome.REFUSED
         assert report.message == f"launch refused by node-a: {refusal}"
 
-        # ...and placed again, its cap is its measured peak with headroom.
+        # ...and placed again, its cap is its measured peak with headroom: 1.25x, and
+        # at least MEMORY_SLACK_BYTES more (what a small job's restart needs).
         allocate(endpoint, host, {0: 0, 1: 1}, attempt=2, instance=INSTANCE)
         assert endpoint.dispatcher.launch(_launch(endpoint, host, attempt=2))
-        expected = math.ceil((100 << 20) * MEMORY_HEADROOM)
+        expected = (100 << 20) + MEMORY_SLACK_BYTES
+        assert expected == allowance(100 << 20, MEMORY_HEADROOM) > (100 << 20) * MEMORY_HEADROOM
         assert stream.commands.get(timeout=10).launch.memory_bytes == expected
         assert _caps(endpoint, host, 2) == [expected, expected]
     finally:

@@ -245,12 +245,24 @@ def bind_run(
     )
 
 
+# What a cap allows above a measured peak at least: the peak is what the allocator
+# handed out, while the cap bounds what it reserves (rounded blocks), and a restarted
+# job's library autotuning tries workspaces its steady state never holds. Measured on an
+# H200: a 82 MB job capped at 1.25x its peak failed on restart.
+MEMORY_SLACK_BYTES = 256 << 20
+
+
+def allowance(peak: int, headroom: float) -> int:
+    """The memory a job whose peak was measured at `peak` bytes may take."""
+    return max(math.ceil(peak * headroom), peak + MEMORY_SLACK_BYTES)
+
+
 def memory_cap(
     session: Session, job_id: int, gpu_ids: Iterable[int], *, headroom: float, recent: int
 ) -> int:
     """Each rank's memory cap on these GPUs: the largest peak the job reported in its
-    last `recent` iterations times `headroom`, within the smallest of the GPUs; a job
-    that has not reported gets the whole GPU (so nothing fits beside it)."""
+    last `recent` iterations with `headroom` (`allowance`), within the smallest of the
+    GPUs; a job that has not reported gets the whole GPU (so nothing fits beside it)."""
     smallest = session.scalar(select(func.min(GPU.memory_bytes)).where(GPU.id.in_(set(gpu_ids))))
     whole = int(smallest or 0)
     done = select(Job.iterations_done).where(Job.id == job_id).scalar_subquery()
@@ -261,5 +273,5 @@ def memory_cap(
     )
     if not peak:
         return whole
-    capped = math.ceil(int(peak) * headroom)
+    capped = allowance(int(peak), headroom)
     return min(whole, capped) if whole else capped

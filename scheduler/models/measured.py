@@ -36,7 +36,8 @@ A job that has reported nothing yet has a model all the same where its workload 
 profiled (`jigsaw profile --save`) at its per-worker batch on a kind of GPU the cluster
 has, with the device's utilization and peak memory: the step is the profile's full
 backprop, the utilization the profile's, the memory twice the profile's peak (its passes
-hold no optimizer state, and the allocator reserves more than it hands out). So a job
+hold no optimizer state, and the allocator reserves more than it hands out), at least
+`MEMORY_SLACK_BYTES` above it. So a job
 submitted beside others can be packed from its first placement instead of only once it
 has run alone; what it reports replaces the profile's figures. Its step is the profile's
 plus the runtime's own time per iteration as the jobs that reported show it.
@@ -49,7 +50,6 @@ bound in place of the prediction (a guest yields when its host's passes it).
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -60,6 +60,7 @@ from sqlalchemy.orm import Session
 
 from jigsaw import spb
 from scheduler.core.jobmodel import JobModel
+from scheduler.models.agents import allowance
 from scheduler.models.sizes_measured import sized_job, sized_steps
 from scheduler.orm import GPU, Allocation, IterationMetric, Job, ModelProfile
 
@@ -204,7 +205,7 @@ def _profiled_models(
             iterations_total=int(target) if target is not None else UNKNOWN_ITERATIONS,
             workers=job.workers,
             steps={job.workers: {1: (_step(profile) + overhead, 0.0)}},
-            memory_bytes=math.ceil(peak * PROFILED_MEMORY_FACTOR),
+            memory_bytes=allowance(peak, PROFILED_MEMORY_FACTOR),
             spb_profile=spb_profiles.get(job.id),
             utilization=utilization,
         )
