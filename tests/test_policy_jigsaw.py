@@ -525,22 +525,33 @@ def _packed(
     guest_utilization: float,
     params: JigsawParams,
     measured: float | None = None,
+    iterations: int = 10_000,
+    start: float | None = None,
 ) -> Plan:
-    """A guest already running beside its host on the host's only GPU; `measured`: the
-    host's slowdown beside it as the cluster measured it."""
+    """A guest already running beside its host on the host's only GPU, both `iterations`
+    of 1 s long; `measured`: the host's slowdown beside it as the cluster measured it;
+    `start`: what starting a job costs."""
     host = replace(
         job(
             1,
             1,
-            model(1, 10_000, utilization=host_utilization),
+            model(1, iterations, utilization=host_utilization),
             state=JobState.RUNNING,
             gpus=(100,),
             arrived=600,
         ),
         colocated_slowdown=measured,
+        start_seconds=start,
     )
-    guest = job(
-        2, 1, model(1, 10_000, utilization=guest_utilization), state=JobState.RUNNING, gpus=(100,)
+    guest = replace(
+        job(
+            2,
+            1,
+            model(1, iterations, utilization=guest_utilization),
+            state=JobState.RUNNING,
+            gpus=(100,),
+        ),
+        start_seconds=start,
     )
     (node,) = nodes(1, 1, held={100: 1})
     shared = replace(node, gpus=(replace(node.gpus[0], holders=(1, 2)),))
@@ -569,6 +580,15 @@ def test_a_guest_yields_when_its_host_s_measured_slowdown_passes_the_bound() -> 
     assert _packed(0.1, 0.1, JigsawParams(), measured=bound + 0.05).suspend == (2,)
     assert _packed(0.5, 0.5, JigsawParams()).suspend == (2,)
     assert _packed(0.5, 0.5, JigsawParams(), measured=bound - 0.05) == Plan()
+
+
+def test_a_guest_stays_where_moving_it_costs_more_than_its_host_loses() -> None:
+    """Jobs of seconds: 0.25 s lost per second shared, for 100 s, against a 30 s
+    restart (measured on an H200: short jobs each restarted for a 1.2x slowdown)."""
+    slowed = JigsawParams().yield_slowdown + 0.1
+    assert _packed(0.1, 0.1, JigsawParams(), slowed, iterations=100, start=30.0) == Plan()
+    long_pair = _packed(0.1, 0.1, JigsawParams(), slowed, iterations=1000, start=30.0)
+    assert long_pair.suspend == (2,)
 
 
 def test_no_guest_joins_a_host_measured_past_the_bound_beside_its_last_co_runners() -> None:

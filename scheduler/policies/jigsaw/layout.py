@@ -10,6 +10,7 @@ from jigsaw.jobspec import SPBConfig
 from scheduler.core.interference import InterferenceModel
 from scheduler.core.jobmodel import Shape, colocation_stretch, stretched_step
 from scheduler.core.snapshot import ClusterSnapshot, JobView
+from scheduler.policies.placement import remaining_seconds
 
 
 @dataclass
@@ -91,6 +92,15 @@ class Layout:
         measurement cannot tell which co-runner caused it, so it stands for them all."""
         measured = self.jobs[job_id].colocated_slowdown
         return measured if measured is not None else self.slowdown(job_id)
+
+
+def worth_moving(host: JobView, guest: JobView, slowdown: float) -> bool:
+    """Whether the host's loss beside the guest, at `slowdown`, over the time they would
+    share (until the first of them ends) costs more than moving the guest does (its
+    start, `JobView.start_seconds`; unknown, nothing). Jobs of seconds finish together:
+    a restart would cost more than it saves."""
+    shared = min(remaining_seconds(host), remaining_seconds(guest))
+    return (slowdown - 1.0) * shared > (guest.start_seconds or 0.0)
 
 
 def guests_of(snapshot: ClusterSnapshot) -> set[int]:
