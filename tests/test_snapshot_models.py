@@ -409,3 +409,32 @@ def test_a_profiled_job_is_launched_capped_by_its_profile_not_the_whole_gpu(
     caps = {launch.job_id: launch.memory_bytes for launch in dispatcher.launched}
     # None: the dispatcher caps the job by its reports, the whole GPU without any.
     assert caps == {profiled: 4 * GIB, unprofiled: None}
+
+
+def test_a_run_s_slowest_iteration_and_a_profiled_job_s_first_reports_do_not_decide(
+    factory: sessionmaker[Session],
+) -> None:
+    """A run's first iteration compiles and warms caches (30-70x a small job's step on
+    an H200): the slowest recent iteration is left out of a job's step, and a profiled
+    job keeps its profile's figures until it has reported three iterations, its
+    utilization until it reports one."""
+    add_nodes(factory, {"a": 1})
+    profile = replace(spb_profile(compute=0.01), steps_ratio={})
+    with transaction(factory) as session:
+        save_profile(session, profile, "H100", 0.3, peak_memory_bytes=2 * GIB)
+    profiled = add_job(factory, workers=1, hyperparameters={"batch_size": 32})
+    unprofiled = add_job(factory, workers=1, hyperparameters={"batch_size": 64})
+    report(factory, profiled, range(0, 2), step=0.5, comm=0.0)
+    report(factory, unprofiled, range(0, 4), step=0.2, comm=0.0)
+    report(factory, unprofiled, range(4, 5), step=9.0, comm=0.0)
+
+    models = {job.id: job.model for job in snapshot(factory).jobs}
+    early, other = models[profiled], models[unprofiled]
+    assert early is not None and early.steps == {1: {1: (pytest.approx(0.11), 0.0)}}
+    assert early.utilization == 0.3
+    assert other is not None and other.steps == {1: {1: (pytest.approx(0.2), 0.0)}}
+
+    report(factory, profiled, range(2, 4), step=0.5, comm=0.0)
+    own = {job.id: job.model for job in snapshot(factory).jobs}[profiled]
+    assert own is not None and own.steps == {1: {1: (pytest.approx(0.5), 0.0)}}
+    assert own.utilization == 0.3  # none reported: still the profile's

@@ -5,8 +5,8 @@ none, so the snapshot builds one from three sources, in three queries whatever t
 of jobs (no per-job query, and only the last `RECENT_ITERATIONS` rows of each job read
 through the `(job_id, iteration)` index):
 
-- speed: the mean step and communication seconds of the job's recent iterations, at the
-  size it holds: one size, the one it asked for. An elastic job, or one that adapts its
+- speed: the mean step (without the slowest, a run's warm-up) and communication seconds
+  of the job's recent iterations, at the size it holds: one size, the one it asked for. An elastic job, or one that adapts its
   batch, has every size it may run instead, fitted to the step times it measured at the
   sizes it ran and, adapting, at the batch with the most goodput given the gradient
   noise it reported (`scheduler.models.sizes_measured`: two more queries).
@@ -39,8 +39,9 @@ backprop, the utilization the profile's, the memory twice the profile's peak (it
 hold no optimizer state, and the allocator reserves more than it hands out), at least
 `MEMORY_SLACK_BYTES` above it. So a job
 submitted beside others can be packed from its first placement instead of only once it
-has run alone; what it reports replaces the profile's figures. Its step is the profile's
-plus the runtime's own time per iteration as the jobs that reported show it.
+has run alone; what it reports replaces the profile's figures once it has reported three
+iterations (its utilization, once it reports one). Its step is the profile's plus the
+runtime's own time per iteration as the jobs that reported show it.
 
 Apart from the model (`colocated_slowdowns`, one more query): how much longer a job's
 iterations took beside co-runners than alone, measured, which JigSaw weighs against its
@@ -83,6 +84,7 @@ class _Speed:
     comm_seconds: float
     peak_memory_bytes: int | None
     utilization: float | None
+    iterations: int = 1
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,10 @@ def job_models(
     ]
     sized = sized_steps(session, resizable, per_node, max_nodes)
     unreported = [job for job in listed if job.id not in partial]
-    models = _profiled_models(session, unreported, gpu_kinds, profiles, full)
+    models, prior = _profiled_models(session, unreported, gpu_kinds, profiles, full)
     for job in listed:
+        if job.id in models:
+            continue  # what it reported is too little yet to replace its profile
         profile = profiles.get(job.id)
         steps = _full_backprop_step(job, profile, full.get(job.id), partial.get(job.id))
         if steps is None:
@@ -131,18 +135,22 @@ def job_models(
         peaks = [s.peak_memory_bytes for s in (full.get(job.id), partial.get(job.id)) if s]
         known = [peak for peak in peaks if peak is not None]
         table = sized.get(job.id)
+        utilization = _solo_utilization(full.get(job.id))
         models[job.id] = JobModel(
             iterations_total=int(target) if target is not None else UNKNOWN_ITERATIONS,
             workers=job.workers,
             steps=table.steps if table is not None else {job.workers: {1: steps}},
             memory_bytes=max(known) if known else gpu_memory,
             spb_profile=profile,
-            utilization=_solo_utilization(full.get(job.id)),
+            utilization=prior.get(job.id) if utilization is None else utilization,
             batches=table.batches if table is not None else {},
         )
     return models
 
 
+# A profiled job's own figures replace its profile's from this many recent iterations
+# at full backprop on (fewer, the slowest excluded, say little of its steady pace).
+_OWN = 3
 # A profile's passes hold no optimizer state and count no allocator reserve: a job that
 # has not reported is taken to need this many times the profile's peak.
 PROFILED_MEMORY_FACTOR = 2.0
@@ -154,10 +162,12 @@ def _profiled_models(
     gpu_kinds: Collection[str],
     spb_profiles: Mapping[int, spb.SPBProfile],
     full: Mapping[int, _Speed],
-) -> dict[int, JobModel]:
+) -> tuple[dict[int, JobModel], dict[int, float]]:
     """Models of the jobs that have not reported (not in `full`), from profiles of their
     workloads measured at their per-worker batch on a kind of GPU the cluster has, with
-    utilization and peak memory (one query).
+    utilization and peak memory (one query); and every profiled job's utilization, for
+    a job whose reports have none yet (a GPU's first sample comes with its second
+    iteration: assumed busy, a guest would be sent away at its host's first report).
 
     A profile times the model's passes alone; an iteration also runs the optimizer, the
     data loader and the runtime's reports. That time is taken from the jobs that have
@@ -170,7 +180,7 @@ def _profiled_models(
         if (batch := _per_worker_batch(job)) is not None
     }
     if not any(keys.values()):
-        return {}
+        return {}, {}
     found: dict[tuple[str, str], tuple[spb.SPBProfile, float, int]] = {}
     for workload, key, data in session.execute(
         select(ModelProfile.workload, ModelProfile.key, ModelProfile.data).where(
@@ -192,12 +202,12 @@ def _profiled_models(
     extra = [
         full[job_id].step_seconds - full[job_id].comm_seconds - _step(profile)
         for job_id, (profile, _, _) in profiled.items()
-        if job_id in full
+        if job_id in full and full[job_id].iterations >= _OWN
     ]
     overhead = max(statistics.median(extra), 0.0) if extra else 0.0
     models = {}
     for job in jobs:
-        if job.id in full or job.id not in profiled:
+        if job.id not in profiled or (job.id in full and full[job.id].iterations >= _OWN):
             continue
         profile, utilization, peak = profiled[job.id]
         target = job.spec.get("max_iterations")
@@ -209,7 +219,7 @@ def _profiled_models(
             spb_profile=spb_profiles.get(job.id),
             utilization=utilization,
         )
-    return models
+    return models, {job_id: utilization for job_id, (_, utilization, _) in profiled.items()}
 
 
 def _step(profile: spb.SPBProfile) -> float:
@@ -241,13 +251,17 @@ def _auto(job: ActiveJob) -> bool:
 def _recent_speeds(
     session: Session, active_states: list[str]
 ) -> tuple[dict[int, _Speed], dict[int, _Speed]]:
-    """Each active job's recent iterations at full backprop and under SPB, averaged."""
+    """Each active job's recent iterations at full backprop and under SPB, averaged; the
+    step time without the slowest iteration (a run's first compiles, autotunes and
+    warms caches: on an H200 30-70x a small job's steady step)."""
     at_full = IterationMetric.spb_depth.is_(None)
     rows = session.execute(
         select(
             IterationMetric.job_id,
             at_full,
-            func.avg(IterationMetric.step_seconds),
+            func.count(),
+            func.sum(IterationMetric.step_seconds),
+            func.max(IterationMetric.step_seconds),
             func.avg(IterationMetric.comm_seconds),
             func.max(IterationMetric.peak_memory_bytes),
             # Solo utilization: what the job keeps busy alone, not beside co-runners.
@@ -267,7 +281,8 @@ def _recent_speeds(
     )
     full: dict[int, _Speed] = {}
     partial: dict[int, _Speed] = {}
-    for job_id, is_full, step, comm, peak, busy in rows:
+    for job_id, is_full, count, total, slowest, comm, peak, busy in rows:
+        step = (total - slowest) / (count - 1) if count > 1 else total
         if not step or step <= 0:
             continue  # no time measured: nothing to price the job with
         speed = _Speed(
@@ -275,6 +290,7 @@ def _recent_speeds(
             float(comm),
             None if peak is None else int(peak),
             None if busy is None else float(busy),
+            int(count),
         )
         (full if is_full else partial)[job_id] = speed
     return full, partial
