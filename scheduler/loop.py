@@ -31,7 +31,14 @@ from scheduler.core.rounds import Decision, RoundResult
 from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
 from scheduler.core.states import TERMINAL, IllegalTransition, JobState, SuspendedBy
 from scheduler.core.validate import validate
-from scheduler.core.waits import UNPLACEABLE, Wait, estimated_starts, explain, freeing_reason
+from scheduler.core.waits import (
+    UNPLACEABLE,
+    Wait,
+    estimated_starts,
+    exiting_reason,
+    explain,
+    freeing_reason,
+)
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
 from scheduler.models import agents, allocations
@@ -428,12 +435,14 @@ class SchedulerService:
 
     def _held_back(self, plan: Plan, snapshot: ClusterSnapshot) -> tuple[Plan, dict[int, Wait]]:
         """The plan without the starts on GPUs that the processes of a job suspended or
-        stopped (this round or before) still hold, and why each of those waits. The
-        database freed those GPUs; launching there now would be refused, and the job
-        would go back and forth between SCHEDULED and QUEUED until the processes exit
-        (as long as a checkpoint takes to write). It stays QUEUED instead."""
+        stopped (this round or before) still hold, or of a job whose own earlier run's
+        processes have not exited, and why each of those waits. The database freed
+        those GPUs and that run; launching now would be refused, and the job would go
+        back and forth between SCHEDULED and QUEUED until the processes exit (as long as
+        a checkpoint takes to write). It stays QUEUED instead."""
         freeing = self._dispatcher.freeing()
-        if not freeing:
+        exiting = self._dispatcher.active().keys()
+        if not freeing and not exiting:
             return plan, {}
         gpus = snapshot.gpus_by_id()
         ready, waits = [], {}
@@ -445,6 +454,8 @@ class SchedulerService:
             ]
             if held:
                 waits[placement.job_id] = freeing_reason(held)
+            elif placement.job_id in exiting:
+                waits[placement.job_id] = exiting_reason()
             else:
                 ready.append(placement)
         return replace(plan, start=tuple(ready)), waits

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -595,3 +596,35 @@ def test_a_launched_job_s_start_is_measured_once_its_first_iteration_is_in(
     with transaction(factory) as session:
         snapshot = build_snapshot(session, T0 + timedelta(seconds=4))
     assert snapshot.jobs[0].start_seconds == started.data["seconds"]
+
+
+@dataclass
+class StillExiting(SimulatedDispatcher):
+    """The processes of these jobs' earlier runs have not exited yet."""
+
+    exiting: frozenset[int] = frozenset()
+
+    def active(self) -> dict[int, frozenset[str]]:
+        return {**super().active(), **{job_id: frozenset({"a"}) for job_id in self.exiting}}
+
+
+def test_a_job_whose_earlier_run_is_still_exiting_waits_queued_instead_of_being_refused(
+    factory: sessionmaker[Session],
+) -> None:
+    """An agent refuses a launch while the job's earlier processes live (they are writing
+    its checkpoint): the start waits, saying why, instead of costing an allocation."""
+    add_nodes(factory, {"a": 1})
+    job_id = add_job(factory, 1)
+    dispatcher = StillExiting(iterations_per_second=1, exiting=frozenset({job_id}))
+    loop, _ = service(factory, dispatcher)
+    assert loop.run_round(T0).started == 0
+    assert state(factory, job_id) is JobState.QUEUED
+    assert Command("launch", job_id) not in dispatcher.commands
+    [pending] = events(factory, "pending")
+    assert "earlier run's processes are still checkpointing" in pending.message
+    dispatcher.exiting = frozenset()
+    assert loop.run_round(T0 + timedelta(seconds=1)).started == 1
+    with factory() as session:
+        assert (
+            len(session.scalars(select(Allocation).where(Allocation.job_id == job_id)).all()) == 1
+        )

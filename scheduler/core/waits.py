@@ -42,6 +42,15 @@ def freeing_reason(gpus: list[str]) -> Wait:
     )
 
 
+def exiting_reason() -> Wait:
+    """Why a job placed again was not launched while its earlier run's processes live."""
+    return Wait(
+        FREEING,
+        "its earlier run's processes are still checkpointing and exiting; starts once "
+        "they are gone",
+    )
+
+
 def unplaceable_reason(workers: int, largest_gang: int) -> str | None:
     """Why a job of `workers` GPUs cannot be placed while the alive, schedulable nodes
     hold `largest_gang` GPUs in all; None when it could be."""

@@ -6,10 +6,11 @@ of jobs (no per-job query, and only the last `RECENT_ITERATIONS` rows of each jo
 through the `(job_id, iteration)` index):
 
 - speed: the mean step (without the slowest, a run's warm-up) and communication seconds
-  of the job's recent iterations, at the size it holds: one size, the one it asked for. An elastic job, or one that adapts its
-  batch, has every size it may run instead, fitted to the step times it measured at the
-  sizes it ran and, adapting, at the batch with the most goodput given the gradient
-  noise it reported (`scheduler.models.sizes_measured`: two more queries).
+  of the job's recent iterations, at the size it holds: one size, the one it asked for.
+  An elastic job, or one that adapts its batch, has every size it may run instead,
+  fitted to the step times it measured at the sizes it ran and, adapting, at the batch
+  with the most goodput given the gradient noise it reported
+  (`scheduler.models.sizes_measured`: two more queries).
   Iterations at full backprop (no SPB depth reported) are taken as they are; iterations
   under SPB are converted back to full backprop through the SPB profile (the inverse of
   `JobModel.shape`), so a job switched to SPB keeps its model instead of losing it once
