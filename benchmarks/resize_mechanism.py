@@ -27,7 +27,7 @@ interpreter and imports alone (what the agent's warm pool pays ahead of time).
     python -m benchmarks.resize_mechanism [--workloads digits-cnn transformer-synthetic]
         [--sizes 1 2 4 2] [--repeats 3] [--json | --markdown]
 
-One workload (the default) takes about 5 minutes on the shared 2-core machine; each
+One workload (the default) takes 3 to 5 minutes on the shared 2-core machine; each
 process is started cold, and the machine's load sets the seconds.
 """
 
@@ -94,12 +94,12 @@ much depends on the direction. Shrinking spawns nothing: the cost is dropping DD
 the group, a new rendezvous and DDP's re-wrap, about an order of magnitude below a
 restart. Growing still starts the new ranks (interpreter, torch, trial, model) while the
 survivors wait, so in-place costs about the joiners' startup and its advantage falls to
-a few times, the part of a restart it saves being the old gang's exit and the survivors'
+a small factor, the part of a restart it saves being the old gang's exit and the survivors'
 own restart (here the whole new gang starting at once on 2 shared cores; on separate
 machines a restart's processes start in parallel and the gap narrows). The checkpoint
 itself costs tens of milliseconds: a restart's cost is the processes' lifecycle, its exit
 (seconds of interpreter shutdown, which the agent waits for so the GPU is free) and its
-startup (half or more of it).
+startup (most of it when growing, about half when shrinking).
 
 **Choice.** Keep checkpoint-restart as the mechanism that always works (ranks moving to
 other GPUs or nodes, a joiner that fails to start, fencing, and a checkpoint to recover
