@@ -10,8 +10,9 @@ resizes live in the leader's memory: after a failover a job still running is ask
 nothing more, and one already checkpointed is requeued (as a drained node's jobs are)
 and placed again by the policy.
 
-Checkpoint-restart, not re-forming the process group in place: docs/results/elastic.md
-says why.
+Checkpoint-restart, not re-forming the process group in place: it always works (ranks
+that move, a rank that fails to start, crash recovery); in place, measured cheaper
+(docs/results/resize-mechanism.md), is the fast path still to build for ranks that stay.
 """
 
 from __future__ import annotations
