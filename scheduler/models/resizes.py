@@ -124,21 +124,23 @@ def measured_costs(session: Session, job_ids: Sequence[int]) -> dict[int, float]
         seconds = _seconds(data)
         if seconds is not None:
             own.setdefault(job_id, []).append(seconds)
-    recent = [
-        seconds
-        for data in session.scalars(
-            select(Event.data)
-            .where(Event.kind == RESIZED)
-            .order_by(Event.id.desc())
-            .limit(RECENT_RESIZES)
-        )
-        if (seconds := _seconds(data)) is not None
-    ]
+    recent = newest_seconds(session, RESIZED, RECENT_RESIZES)
     costs = {job_id: sum(values) / len(values) for job_id, values in own.items()}
     if recent:
         typical = sum(recent) / len(recent)
         costs.update({job_id: typical for job_id in job_ids if job_id not in costs})
     return costs
+
+
+def newest_seconds(session: Session, kind: str, limit: int) -> list[float]:
+    """The `seconds` the newest `limit` events of `kind` measured (a cost's events)."""
+    return [
+        seconds
+        for data in session.scalars(
+            select(Event.data).where(Event.kind == kind).order_by(Event.id.desc()).limit(limit)
+        )
+        if (seconds := _seconds(data)) is not None
+    ]
 
 
 def _seconds(data: Any) -> float | None:

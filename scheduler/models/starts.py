@@ -7,6 +7,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from scheduler.models.resizes import newest_seconds
 from scheduler.orm import Allocation, Event, IterationMetric
 
 STARTED = "started"  # the event kind a measured start writes, with its seconds
@@ -47,14 +48,5 @@ def record_started(
 
 def typical_start_seconds(session: Session) -> float | None:
     """The mean of the newest `RECENT_STARTS` measured starts (None: none yet)."""
-    measured = [
-        seconds
-        for data in session.scalars(
-            select(Event.data)
-            .where(Event.kind == STARTED)
-            .order_by(Event.id.desc())
-            .limit(RECENT_STARTS)
-        )
-        if isinstance(data, dict) and isinstance(seconds := data.get("seconds"), int | float)
-    ]
+    measured = newest_seconds(session, STARTED, RECENT_STARTS)
     return sum(measured) / len(measured) if measured else None
