@@ -762,16 +762,19 @@ class SchedulerService:
             self._decide(rounds.RESIZED, job_id, **details)
 
     def _measure_starts(self) -> None:
-        """Store what each launched job's start cost once its first iteration is in."""
-        for job_id, first in list(self._starting.items()):
-            with transaction(self._factory) as session:
-                job = session.get(Job, job_id)
-                if job is not None and job.state == JobState.RUNNING:
+        """Store what each launched job's start cost once its first iteration is in (one
+        transaction for all: a round launches many on a busy cluster)."""
+        if not self._starting:
+            return
+        with transaction(self._factory) as session:
+            running = job_models.states(session, set(self._starting))
+            for job_id, first in list(self._starting.items()):
+                if running.get(job_id) == JobState.RUNNING:
                     seconds = start_models.start_seconds(session, job_id, first)
                     if seconds is None:
                         continue
                     start_models.record_started(session, job_id, first, seconds, actor=ACTOR)
-            del self._starting[job_id]
+                del self._starting[job_id]
 
     # -- helpers --------------------------------------------------------------------
 
