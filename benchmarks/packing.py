@@ -46,7 +46,6 @@ NODE = "packing-0"
 VIRTUAL_GPUS = 2  # --device cpu: one agent's virtual slots
 MAX_JOBS_PER_GPU = 4
 LEASE_ITERATIONS = 20
-VIRTUAL_KIND = "virtual-cpu"  # what an agent's virtual slots register as
 
 
 # Small jobs (an MLP, small batches) and larger ones (convolutions, larger batches); on
@@ -290,9 +289,8 @@ def main() -> None:
         }
     fifo = results["fifo"][0]
     # Solo utilizations from the FIFO run, where every job had its GPU to itself.
-    predicted = predictions(
-        results["fifo"][1], VIRTUAL_KIND if device == "cpu" else profiles[0]["device_kind"]
-    )
+    # Every profile names the kind the node's slots register as (virtual-cpu on CPU).
+    predicted = predictions(results["fifo"][1], profiles[0]["device_kind"])
     best = max((row["pair_throughput"] for row in predicted), default=float("nan"))
     rows = [
         {

@@ -38,11 +38,11 @@ profiled (`jigsaw profile --save`) at its per-worker batch on a kind of GPU the 
 has, with the device's utilization and peak memory: the step is the profile's full
 backprop, the utilization the profile's, the memory twice the profile's peak (its passes
 hold no optimizer state, and the allocator reserves more than it hands out), at least
-`MEMORY_SLACK_BYTES` above it. So a job
-submitted beside others can be packed from its first placement instead of only once it
-has run alone; what it reports replaces the profile's figures once it has reported three
-iterations (its utilization, once it reports one). Its step is the profile's plus the
-runtime's own time per iteration as the jobs that reported show it.
+`MEMORY_SLACK_BYTES` above it. So a job submitted beside others can be packed from its
+first placement instead of only once it has run alone; what it reports replaces the
+profile's figures once it has reported three iterations (its utilization, once it
+reports one). Its step is the profile's plus the runtime's own time per iteration as
+the jobs that reported show it.
 
 Apart from the model (`colocated_slowdowns`, one more query): how much longer a job's
 iterations took beside co-runners than alone, measured, which JigSaw weighs against its
@@ -164,11 +164,11 @@ def _profiled_models(
     spb_profiles: Mapping[int, spb.SPBProfile],
     full: Mapping[int, _Speed],
 ) -> tuple[dict[int, JobModel], dict[int, float]]:
-    """Models of the jobs that have not reported (not in `full`), from profiles of their
-    workloads measured at their per-worker batch on a kind of GPU the cluster has, with
-    utilization and peak memory (one query); and every profiled job's utilization, for
-    a job whose reports have none yet (a GPU's first sample comes with its second
-    iteration: assumed busy, a guest would be sent away at its host's first report).
+    """Models of the jobs that have reported fewer than `_OWN` iterations at full
+    backprop, from profiles of their workloads measured at their per-worker batch on a
+    kind of GPU the cluster has, with utilization and peak memory (one query); and every
+    profiled job's utilization, for a job whose reports carry none of their own yet
+    (assumed busy, a guest would be sent away at its host's first report).
 
     A profile times the model's passes alone; an iteration also runs the optimizer, the
     data loader and the runtime's reports. That time is taken from the jobs that have

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from jigsaw import spb
 from scheduler.core.snapshot import GPUView, JobView
 from scheduler.policies.jigsaw import resizing
-from scheduler.policies.jigsaw.layout import Layout, worth_moving
+from scheduler.policies.jigsaw.layout import Layout, yields
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.policies.jigsaw.speeds import (
     outlasts,
@@ -165,7 +165,7 @@ def keep_guests(
     """Put the guests not placed on GPUs of their own back where they are packed (on
     usable GPUs), unless a host there takes more than `yield_slowdown` times as long
     per iteration as alone, measured where it has been (`Layout.host_slowdown`), else
-    predicted, and loses more by it than moving the guest costs (`worth_moving`): the
+    predicted, and loses more by it than moving the guest costs (`layout.yields`): the
     guest yields (it is suspended and waits); the guests so kept."""
     kept: set[int] = set()
     for job in ordered:
@@ -176,10 +176,10 @@ def keep_guests(
         ):
             layout.put(job, job.allocated_gpu_ids, spb.resolve(job.spb))
             hosts = {h for g in job.allocated_gpu_ids for h in layout.on_gpu[g] if h != job.id}
-            slowdowns = {h: layout.host_slowdown(h) for h in hosts if h not in guests}
             if any(
-                slowdown > yield_slowdown and worth_moving(layout.jobs[h], job, slowdown)
-                for h, slowdown in slowdowns.items()
+                yields(layout.jobs[h], job, layout.host_slowdown(h), yield_slowdown)
+                for h in hosts
+                if h not in guests
             ):
                 layout.take(job.id)
                 continue

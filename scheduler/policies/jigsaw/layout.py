@@ -94,13 +94,14 @@ class Layout:
         return measured if measured is not None else self.slowdown(job_id)
 
 
-def worth_moving(host: JobView, guest: JobView, slowdown: float) -> bool:
-    """Whether the host's loss beside the guest, at `slowdown`, over the time they would
-    share (until the first of them ends) costs more than moving the guest does (its
-    start, `JobView.start_seconds`; unknown, nothing). Jobs of seconds finish together:
-    a restart would cost more than it saves."""
+def yields(host: JobView, guest: JobView, slowdown: float, bound: float) -> bool:
+    """Whether the guest should leave the host's GPUs: the host's `slowdown` beside it
+    passes `bound`, and the host's loss by it over the time they would share (until the
+    first of them ends) costs more than moving the guest does (its start,
+    `JobView.start_seconds`; unknown, nothing). Jobs of seconds finish together: a
+    restart would cost more than it saves."""
     shared = min(remaining_seconds(host), remaining_seconds(guest))
-    return (slowdown - 1.0) * shared > (guest.start_seconds or 0.0)
+    return slowdown > bound and (slowdown - 1.0) * shared > (guest.start_seconds or 0.0)
 
 
 def guests_of(snapshot: ClusterSnapshot) -> set[int]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from jigsaw.jobspec import SPBConfig
 from scheduler.core.snapshot import GPUView, JobView
-from scheduler.policies.jigsaw.layout import Layout, worth_moving
+from scheduler.policies.jigsaw.layout import Layout, yields
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.policies.jigsaw.spb_choice import hosting_config, own_config
 
@@ -161,14 +161,9 @@ def _gain(
     # A host measured past the yield bound beside its last co-runners would send the
     # guest away at the next boundary: none is packed there until that measurement
     # leaves its recent iterations.
-    for host in hosts:
-        measured = layout.jobs[host].colocated_slowdown
-        if (
-            measured is not None
-            and measured > params.yield_slowdown
-            and worth_moving(layout.jobs[host], job, measured)
-        ):
-            return -math.inf
+    measured = {h: m for h in hosts if (m := layout.jobs[h].colocated_slowdown) is not None}
+    if any(yields(layout.jobs[h], job, m, params.yield_slowdown) for h, m in measured.items()):
+        return -math.inf
     # Every job sharing a GPU with a host is affected through the host's pace only.
     before = {h: layout.useful(h) for h in hosts}
     saved = {h: layout.config[h] for h in configs}
