@@ -16,7 +16,7 @@ from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.snapshot import ClusterSnapshot, JobView, NodeView
 from scheduler.core.states import JobState
 from scheduler.policies import get_policy, jigsaw, policy_params
-from scheduler.policies.jigsaw import JigsawParams
+from scheduler.policies.jigsaw import JigsawParams, sizing
 from scheduler.settings import SchedulerSettings
 from tests.test_policy_baselines import nodes as baseline_nodes
 
@@ -209,6 +209,36 @@ def test_a_wasteful_job_is_shrunk_only_while_the_cluster_is_crowded() -> None:
     assert [len(p.gpu_ids) for p in alone.start] == [4]
     crowded = jigsaw.schedule(snap(nodes(1, 4), job(1, 4, wasteful), job(2, 2, model(2, 5000))))
     assert sorted(len(p.gpu_ids) for p in crowded.start) == [2, 2]
+
+
+def test_a_crowded_cluster_queues_jobs_when_shrinking_all_would_end_them_later() -> None:
+    # Two jobs ask for 4 GPUs of 4 and run 1,000 iterations at 1 s on 4, 1.56 s on 2
+    # (78% of 2's progress per GPU on 4). Shrinking both to 2 (the 0.8 floor, the only
+    # one under which both fit) ends both at 1,560 s; one after the other on 4 they
+    # end at 1,000 and 2,000 s: sooner on average, so one waits.
+    jobs = [job(i, 4, model(4, 1000, sizes={2: 1.56})) for i in (1, 2)]
+    plan = jigsaw.schedule(snap(nodes(1, 4), *jobs))
+    assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 4)]
+    # At 1.4 s on 2 GPUs (89% per GPU on 4), both at once end at 1,400 s: both start.
+    jobs = [job(i, 4, model(4, 1000, sizes={2: 1.4})) for i in (1, 2)]
+    plan = jigsaw.schedule(snap(nodes(1, 4), *jobs))
+    assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 2), (2, 2)]
+
+
+def test_the_predicted_completion_sum_starts_jobs_in_order_as_gpus_free() -> None:
+    # 4 GPUs: two 2-GPU jobs of 100 s end at 100. The 4-GPU job of 50 s is next but
+    # does not fit until all 4 are free; the 1-GPU job behind it fills in at 100 (as
+    # admission lets a later job fill in), ends at 110, and the 4-GPU job runs 110-160.
+    rule = sizing.Sizing(per_node=4, floor=0.0, long_seconds=3600.0, long_floor=0.0)
+    ordered = [
+        job(1, 2, model(2, 100)),
+        job(2, 2, model(2, 100)),
+        job(3, 4, model(4, 50)),
+        job(4, 1, model(1, 10)),
+    ]
+    assert sizing.completion_sum(ordered, rule, capacity=4) == 100 + 100 + 110 + 160
+    # With 5 GPUs the 1-GPU job starts at once beside the first two.
+    assert sizing.completion_sum(ordered, rule, capacity=5) == 100 + 100 + 10 + 150
 
 
 def test_a_long_job_is_sized_for_efficiency_when_the_cluster_is_crowded() -> None:

@@ -29,10 +29,15 @@ over jobs divided by the GPUs. Each round:
 2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
    do). A job's base size is what it asked for while all requests fit the cluster;
    else the most GPUs it uses at no less than a floor of its best progress per GPU,
-   the mildest of `efficiency_floors` under which the requests fit, and a job with
-   more than `long_job_seconds` to go even at that size at no less than
-   `long_job_floor` (a running job: that or what it holds, whichever is less); a
-   paced job's is its pace.
+   and a job with more than `long_job_seconds` to go even at that size at no less
+   than `long_job_floor` (a running job: that or what it holds, whichever is less); a
+   paced job's is its pace. The floor is the one of `efficiency_floors` whose sizes,
+   in its order, end the jobs soonest on average were each to run at its base size
+   as GPUs free up (`sizing.completion_sum`):
+   shrinking everyone to fit can end them all later than queueing some at the sizes
+   they use well (a burst of jobs that each run well on 4 GPUs and 78% as well per
+   GPU on 8: two of them one after the other on 8 beat both on 4 at once), and
+   admitting everyone is better where width buys little.
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
    suspended. Kept jobs stay where they are; newcomers and moved jobs are
@@ -71,12 +76,14 @@ The steps are modules of this package: `ordering` (1), `sizing` and `growth` (2)
 `spb_choice` (3), `packing` (4); `params.JigsawParams` holds every constant named here,
 `speeds` what is derived from a job's speed model alone.
 
-Cost: sorting is O(J log J) for J jobs (the drain time O(J); the least makespan, when
-pacing, O(C log C) for the C corners of the jobs' cost curves); sizing O(J) (per-job
-choices cached per model); placement O(J + G) for G GPUs; growth O(S x P) per job
-for S sizes and P GPUs per node (how a gang would spread is predicted from free counts
-per node), and stops when no GPU is free; packing O(G log G) to rank candidate GPUs
-once, then O(W) per guest of W workers over at most `max_guests` guests per round. Jobs
+Cost: sorting is O(J log J) for J jobs, once per shrink floor (the drain time O(J);
+the least makespan, when pacing, O(C log C) for the C corners of the jobs' cost
+curves); the completion sum O(J^2) per floor (each job ending scans those waiting);
+sizing O(J) (per-job choices cached per model); placement O(J + G) for G GPUs; growth
+O(S x P) per job for S sizes and P GPUs per node (how a gang would spread is predicted
+from free counts per node), and stops when no GPU is free; packing O(G log G) to rank
+candidate GPUs once, then O(W) per guest of W workers over at most `max_guests` guests
+per round. Jobs
 without a speed model (or with one size: on the real cluster, every job not `elastic`)
 are never resized; without a model they are scheduled like SRTF by iterations left and
 are never packed or given SPB. A running job whose spec is elastic moves by the plan's
@@ -113,16 +120,15 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
     jobs = candidates(snapshot)
     per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
 
-    # 1. Order.
-    rule = sizing.Sizing(
-        per_node,
-        sizing.shrink_floor(jobs, per_node, len(usable), params.efficiency_floors),
-        params.long_job_seconds,
-        params.long_job_floor,
-        ordering.paced(snapshot, jobs, per_node, len(usable), params.pace_after_seconds),
-    )
+    # 1. Order (and size: the shrink floor whose order and sizes end jobs soonest).
+    paced = ordering.paced(snapshot, jobs, per_node, len(usable), params.pace_after_seconds)
     drain = ordering.drain_seconds(jobs, per_node, len(usable))
-    ordered = ordering.order(jobs, snapshot, rule, drain, params)
+    choices = []
+    for floor in sizing.shrink_floors(jobs, len(usable), params.efficiency_floors):
+        rule = sizing.Sizing(per_node, floor, params.long_job_seconds, params.long_job_floor, paced)
+        ordered = ordering.order(jobs, snapshot, rule, drain, params)
+        choices.append((sizing.completion_sum(ordered, rule, len(usable)), rule, ordered))
+    _, rule, ordered = min(choices, key=lambda choice: choice[0])
 
     # 2. Size and admit whole GPUs in order, then grow into what is left.
     guests = guests_of(snapshot)

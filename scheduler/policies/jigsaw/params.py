@@ -73,9 +73,10 @@ class JigsawParams(BaseModel):
     )
     efficiency_floors: tuple[_Fraction, ...] = Field(
         default=(0.5, 0.7, 0.8),
-        description="Shrink floors, mildest first: when requests do not fit, jobs run on "
-        "the most GPUs they use at no less than this fraction of their best progress per "
-        "GPU (empty: never shrink).",
+        description="Shrink floors: when requests do not fit, jobs run on the most GPUs "
+        "they use at no less than one of these fractions of their best progress per GPU, "
+        "the one predicted to end them soonest on average (ties: the first; empty: never "
+        "shrink).",
     )
     long_job_seconds: float = Field(
         default=3600.0,

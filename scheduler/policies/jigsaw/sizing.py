@@ -4,6 +4,8 @@ free GPUs)."""
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -57,18 +59,46 @@ class Sizing:
         size = self.base(job)
         return size * remaining_seconds_at(job, size, self.per_node)
 
+    def remaining_seconds(self, job: JobView) -> float:
+        """Its time to go at its base size (without a speed model, its iterations left)."""
+        if job.model is None:
+            return remaining_seconds(job)
+        return remaining_seconds_at(job, self.base(job), self.per_node)
 
-def shrink_floor(
-    jobs: list[JobView], per_node: int, capacity: int, floors: tuple[float, ...]
-) -> float:
-    """How hard to shrink jobs this round: not at all while what they ask for fits,
-    else the mildest floor under which they do (the hardest when none does)."""
-    if sum(job.workers for job in jobs) <= capacity:
-        return 0.0
-    for floor in floors:
-        if sum(efficient_size(job, per_node, floor) for job in jobs) <= capacity:
-            return floor
-    return floors[-1] if floors else 0.0
+
+def shrink_floors(
+    jobs: list[JobView], capacity: int, floors: tuple[float, ...]
+) -> tuple[float, ...]:
+    """The floors to choose from this round: none (0) while what the jobs ask for
+    fits, else each of `floors`."""
+    if not floors or sum(job.workers for job in jobs) <= capacity:
+        return (0.0,)
+    return floors
+
+
+def completion_sum(ordered: list[JobView], sizing: Sizing, capacity: int) -> float:
+    """The seconds until each job ends, summed, were each to run at its base size
+    from now, started in `ordered` order as GPUs free up (a later job starting first
+    where it fits, as admission does). Jobs never done (no end known) hold their GPUs
+    and add nothing."""
+    pending = [(sizing.base(job), sizing.remaining_seconds(job)) for job in ordered]
+    ends: list[tuple[float, int]] = []
+    now, free, total = 0.0, capacity, 0.0
+    while pending:
+        waiting = []
+        for size, seconds in pending:
+            if size <= free:
+                free -= size
+                heapq.heappush(ends, (now + seconds, size))
+                total += now + seconds if math.isfinite(seconds) else 0.0
+            else:
+                waiting.append((size, seconds))
+        pending = waiting
+        if not pending or not ends or not math.isfinite(ends[0][0]):
+            break  # what waits never fits, or GPUs never free up
+        now, size = heapq.heappop(ends)
+        free += size
+    return total
 
 
 def size_jobs(
