@@ -86,6 +86,11 @@ class Dispatcher(Protocol):
         """
         ...
 
+    def cap(self, job_id: int, memory_bytes: int) -> None:
+        """Lower each of the job's ranks' memory cap to `memory_bytes`, counted by its
+        agents at once and enforced from the job's next boundary."""
+        ...
+
     def poll(self, now: datetime) -> list[Report]:
         """Reports received since the previous poll."""
         ...
@@ -110,7 +115,7 @@ class Dispatcher(Protocol):
 
 @dataclass(frozen=True)
 class Command:
-    kind: Literal["launch", "stop", "suspend", "reconfigure"]
+    kind: Literal["launch", "stop", "suspend", "reconfigure", "cap"]
     job_id: int
 
 
@@ -164,6 +169,9 @@ class SimulatedDispatcher:
     def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:
         # Simulated runs train at one speed whatever their configuration.
         self.commands.append(Command("reconfigure", job_id))
+
+    def cap(self, job_id: int, memory_bytes: int) -> None:
+        self.commands.append(Command("cap", job_id))
 
     def poll(self, now: datetime) -> list[Report]:
         self._clock = now

@@ -79,6 +79,8 @@ _MESSAGE_CHARS = 4000
 # Stored rounds are pruned to JIGSAW_SCHEDULER_ROUNDS_KEPT, and code archives past their
 # retention deleted, once every this many rounds.
 _PRUNE_EVERY = 100
+# Iterations a run reports before its memory cap is lowered to what they showed.
+_CAP_SETTLE_ITERATIONS = 5
 
 
 class SchedulerService:
@@ -180,6 +182,7 @@ class SchedulerService:
         released = self._release_ended(now)
         requeued += self._reconcile(now)
         requeued += self._requeue_drained()
+        self._lower_caps()
         with transaction(self._factory) as session:
             snapshot = build_snapshot(session, now)
             quotas = queue_models.quotas(session)
@@ -560,6 +563,26 @@ class SchedulerService:
                 logger.exception("dispatching reconfigure for job %d failed", change.job_id)
             done += 1
         return done
+
+    def _lower_caps(self) -> None:
+        """Lower the memory cap of running jobs that use at most half of it
+        (`agents.caps_to_lower`): recorded first, so that this round's plan sees
+        the room, then sent to their agents."""
+        with transaction(self._factory) as session:
+            lowered = agents.caps_to_lower(
+                session,
+                headroom=agents.MEMORY_HEADROOM,
+                settle=_CAP_SETTLE_ITERATIONS,
+                recent=agents.MEMORY_RECENT_ITERATIONS,
+            )
+            for job_id, memory_bytes in lowered.items():
+                agents.lower_cap(session, job_id, memory_bytes)
+        for job_id, memory_bytes in lowered.items():
+            self._decide(rounds.CAP, job_id, memory_bytes=memory_bytes)
+            try:
+                self._dispatcher.cap(job_id, memory_bytes)
+            except Exception:
+                logger.exception("dispatching the memory cap of job %d failed", job_id)
 
     def _start(self, plan: Plan, snapshot: ClusterSnapshot, now: datetime) -> int:
         gpus = snapshot.gpus_by_id()

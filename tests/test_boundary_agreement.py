@@ -32,13 +32,20 @@ DECISIONS = [
     Decision(Action.SUSPEND, 3, {}, 256),
     Decision(Action.STOP, 70_000, {}, 10**12),
     Decision(Action.CONTINUE, 2**31, {}, 123_456_789),
+    Decision(Action.CONTINUE, 2**31, {}, 123_456_790, memory_bytes=141 * 10**9),
 ]
 _CPU = torch.device("cpu")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_every_field_survives_a_buffer_of_a_low_precision_dtype(dtype: torch.dtype) -> None:
-    values = {"action": 2, "target_reached": 1, "config_version": 2**31, "lease": 10**12}
+    values = {
+        "action": 2,
+        "target_reached": 1,
+        "config_version": 2**31,
+        "lease": 10**12,
+        "memory": 141 * 10**9,  # an H200's
+    }
     digits = torch.tensor(_encode(values), dtype=dtype)
     # What the all-reduce adds on the other ranks: zeros.
     summed = digits + torch.zeros_like(digits) + torch.zeros_like(digits)
@@ -47,7 +54,9 @@ def test_every_field_survives_a_buffer_of_a_low_precision_dtype(dtype: torch.dty
 
 def test_a_value_beyond_its_field_is_refused() -> None:
     with pytest.raises(ValueError, match="lease"):
-        _encode({"action": 0, "target_reached": 0, "config_version": 0, "lease": 256**6})
+        _encode(
+            {"action": 0, "target_reached": 0, "config_version": 0, "lease": 256**6, "memory": 0}
+        )
 
 
 def _count_all_reduces() -> list[int]:
@@ -123,7 +132,9 @@ def test_the_agreement_rides_in_ddp_first_bucket_and_gradients_are_ddp_means() -
     ranks = run_local_gang(_ddp_rank, 2)
     for result in ranks:
         assert [decision for decision, _ in result["agreed"]] == DECISIONS
-        assert [reached for _, reached in result["agreed"]] == [s >= 3 for s in range(6)]
+        assert [reached for _, reached in result["agreed"]] == [
+            s >= 3 for s in range(len(DECISIONS))
+        ]
         # One bucket of gradients and no collective of the agreement's own.
         assert result["all_reduces"] == [1] * len(DECISIONS)
         for grad, expected in zip(result["grads"], result["expected"], strict=True):

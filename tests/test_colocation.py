@@ -14,7 +14,7 @@ import torch
 
 from jigsaw.gpus import GpuSlot
 from jigsaw.proto.v2 import agent_pb2
-from tests.test_agent_supervisor import _launch, _next, _start, _until_exit
+from tests.test_agent_supervisor import _launch, _next, _start, _until, _until_exit
 from worker_agent.gpus import VIRTUAL_KIND
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.supervisor import Supervisor
@@ -127,6 +127,22 @@ def test_a_job_over_its_memory_cap_fails_alone_and_its_neighbour_finishes(
     # It started beside the hungry job (how soon its reports say it is alone again
     # depends on how many it sends after the hungry one's death).
     assert _co_runners(before + after, 21)[0] == 1
+
+
+def test_a_lowered_cap_is_enforced_from_the_next_boundary_and_a_higher_one_ignored(
+    supervisor: Supervisor,
+) -> None:
+    endless = {"workload": "tests.runtime_helpers:SlowTrial", "workers": 1, "max_iterations": 10**6}
+    _start(supervisor, _job(41, 0, spec=endless))  # uncapped: the whole slot
+    _until(supervisor, lambda m: isinstance(m, agent_pb2.JobIterations))
+    supervisor.cap(41, 2 * _SLOT_MEMORY)  # not lower: ignored, it trains on
+    _until(supervisor, lambda m: isinstance(m, agent_pb2.JobIterations))
+    # Far below what a torch process holds: the worker fails at the boundary it takes it.
+    supervisor.cap(41, 64 << 20)
+    _, over = _until_exit(supervisor, 41)
+    assert over.outcome == agent_pb2.OUTCOME_FAILED
+    assert over.error_tail.startswith("memory cap exceeded: peak resident memory")
+    assert "cap of 64 MiB" in over.error_tail and 0 < over.iteration < 10**6
 
 
 def test_a_placement_past_a_slots_jobs_or_memory_is_refused_with_the_reason(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -17,11 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import JobSpec
 from jigsaw.proto.v2 import agent_pb2 as pb
-from scheduler.agents.dispatcher import MEMORY_HEADROOM
 from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, SimulatedDispatcher, Worker
-from scheduler.models.agents import MEMORY_SLACK_BYTES, allowance
+from scheduler.models.agents import MEMORY_HEADROOM, MEMORY_SLACK_BYTES, allowance
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, Allocation, IterationMetric, Job, JobLog
@@ -189,12 +189,9 @@ def _one_rank_job(endpoint: Endpoint, iterations: int) -> int:
         return submit(session, spec, Principal("user", user.id, user.name, False)).id
 
 
-def test_a_real_agent_runs_two_jobs_on_one_gpu_and_refuses_a_third(
-    endpoint: Endpoint, tmp_path: Path
-) -> None:
-    """The placements a packing policy would make, through the dispatcher to a real agent
-    over loopback gRPC: both jobs train on GPU 0 at once and succeed, what they report
-    says they shared it, and a third that does not fit is refused and reported so."""
+@contextmanager
+def _one_gpu_agent(endpoint: Endpoint, tmp_path: Path) -> Iterator[None]:
+    """A real agent of one virtual GPU connected to `endpoint`, stopped on leaving."""
     settings = AgentSettings(
         scheduler=endpoint.address,
         token=endpoint.agent_token,
@@ -209,6 +206,20 @@ def test_a_real_agent_runs_two_jobs_on_one_gpu_and_refuses_a_third(
     agent.start()
     try:
         _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}), 120)
+        yield
+    finally:
+        stop.set()
+        agent.join(timeout=120)
+    assert not agent.is_alive()
+
+
+def test_a_real_agent_runs_two_jobs_on_one_gpu_and_refuses_a_third(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """The placements a packing policy would make, through the dispatcher to a real agent
+    over loopback gRPC: both jobs train on GPU 0 at once and succeed, what they report
+    says they shared it, and a third that does not fit is refused and reported so."""
+    with _one_gpu_agent(endpoint, tmp_path):
         with endpoint.factory() as session:
             gpu = session.scalars(select(GPU)).one()
         first, second = _one_rank_job(endpoint, 60), _one_rank_job(endpoint, 30)
@@ -248,7 +259,59 @@ def test_a_real_agent_runs_two_jobs_on_one_gpu_and_refuses_a_third(
         # A CPU slot's utilization is the process's own: kept while others shared the slot.
         beside = [row for row in rows if row[1] == 1]
         assert all(row[2] is not None and 0 < row[3] < 2 << 30 for row in beside)
-    finally:
-        stop.set()
-        agent.join(timeout=120)
-    assert not agent.is_alive()
+
+
+def test_a_lowered_cap_lets_a_job_join_a_gpu_its_host_was_launched_to_fill(
+    endpoint: Endpoint, tmp_path: Path
+) -> None:
+    """A job launched before it reported may fill its GPU, so a real agent refuses any
+    job beside it; once the scheduler lowers its cap (over loopback gRPC), the agent
+    counts the lower cap at once, the host's worker enforces it from its next boundary
+    and trains on, and the next job fits beside it."""
+    with _one_gpu_agent(endpoint, tmp_path):
+        with endpoint.factory() as session:
+            gpu = session.scalars(select(GPU)).one()
+        worker = Worker(0, gpu.id, gpu.node_id, "node-a", 0, "127.0.0.1")
+        ends: dict[int, Report] = {}
+
+        def place(job_id: int, cap: int) -> None:
+            allocate(endpoint, job_id, {0: 0})
+            with endpoint.factory() as session:
+                spec = session.get_one(Job, job_id).spec
+            assert endpoint.dispatcher.launch(
+                Launch(job_id, spec, (worker,), {}, 0, 50, 1, memory_bytes=cap)
+            )
+
+        def ended(job_id: int) -> bool:
+            ends.update((r.job_id, r) for r in endpoint.dispatcher.poll(T0))
+            return job_id in ends
+
+        # The host trains until stopped: the jobs beside it take seconds.
+        host, early, late = (_one_rank_job(endpoint, n) for n in (10**9, 30, 30))
+        place(host, gpu.memory_bytes)
+        place(early, 1 << 30)
+        _wait(lambda: ended(early), 120)
+        assert ends[early].outcome is RunOutcome.REFUSED
+        assert f"beside jobs [{host}]" in ends[early].message
+
+        def lowered() -> bool:
+            endpoint.writer.flush()
+            with endpoint.factory() as session:
+                said = select(JobLog.message).where(JobLog.job_id == host)
+                return any("memory cap lowered to 1024 MiB" in m for m in session.scalars(said))
+
+        endpoint.dispatcher.cap(host, 1 << 30)
+        _wait(lowered, 120)
+        place(late, 1 << 30)
+        _wait(lambda: ended(late), 300)
+        assert ends[late].outcome is RunOutcome.SUCCEEDED
+        assert host not in ends  # trained on under its lower cap
+        endpoint.dispatcher.stop(host)
+        _wait(lambda: ended(host), 120)
+        assert ends[host].outcome is RunOutcome.STOPPED
+        assert endpoint.writer.flush()
+        with endpoint.factory() as session:
+            shared = session.scalars(
+                select(IterationMetric.co_runners).where(IterationMetric.job_id == late)
+            ).all()
+        assert 1 in shared  # it trained beside the host

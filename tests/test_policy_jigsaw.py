@@ -521,8 +521,11 @@ def test_the_co_location_rule_is_the_measured_interference_model() -> None:
     assert shape.intensity == pytest.approx(0.6)
 
 
-def _one_gpu_pair(host_utilization: float | None, guest_utilization: float | None) -> Plan:
-    """A 1-GPU job running alone on a 1-GPU cluster, and a 1-GPU job waiting."""
+def _one_gpu_pair(
+    host_utilization: float | None, guest_utilization: float | None, host_cap: int | None = None
+) -> Plan:
+    """A 1-GPU job running alone on a 1-GPU cluster (16 GiB; it needs 4, and may use
+    `host_cap`), and a 1-GPU job waiting."""
     host = job(
         1,
         1,
@@ -532,11 +535,19 @@ def _one_gpu_pair(host_utilization: float | None, guest_utilization: float | Non
         arrived=600,
     )
     guest = job(2, 1, model(1, 10_000, step=1.0, utilization=guest_utilization))
+    host = replace(host, memory_cap_bytes=host_cap)
     return jigsaw.schedule(snap(nodes(1, 1, held={100: 1}), host, guest))
 
 
 def test_jobs_that_underuse_a_gpu_share_it() -> None:
     assert _one_gpu_pair(0.3, 0.3).start == (Placement(2, (100,), {}),)
+
+
+def test_no_guest_joins_a_host_whose_cap_leaves_it_no_room() -> None:
+    # Launched before it reported, the host may fill its GPU: its agent would refuse.
+    assert _one_gpu_pair(0.3, 0.3, host_cap=16 * GIB).start == ()
+    # Lowered to what it has shown it needs, there is room again.
+    assert _one_gpu_pair(0.3, 0.3, host_cap=5 * GIB).start == (Placement(2, (100,), {}),)
 
 
 def test_nothing_is_packed_on_a_gpu_one_job_saturates() -> None:

@@ -24,6 +24,7 @@ from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, Launch, Report, RunOutcome, SimulatedDispatcher
 from scheduler.leader import LeaderLock, LeaderUnavailable
 from scheduler.loop import SchedulerService
+from scheduler.models.agents import MEMORY_HEADROOM, allowance
 from scheduler.models.jobs import cancel, resume, submit, suspend
 from scheduler.models.metrics import record
 from scheduler.models.snapshot import build_snapshot
@@ -628,3 +629,51 @@ def test_a_job_whose_earlier_run_is_still_exiting_waits_queued_instead_of_being_
         assert (
             len(session.scalars(select(Allocation).where(Allocation.job_id == job_id)).all()) == 1
         )
+
+
+def test_a_running_job_s_memory_cap_is_lowered_once_to_what_its_run_showed(
+    factory: sessionmaker[Session],
+) -> None:
+    """Launched before it reported, a job may fill its GPU; once its run has shown its
+    peak the cap is lowered to that with headroom, recorded before the plan (which sees
+    the room) and sent once. Not for a run at partial backprop, nor one that has
+    reported too little."""
+    add_nodes(factory, {"a": 3})
+    full, partial, fresh = (add_job(factory, 1, max_iterations=10**6) for _ in range(3))
+    loop, dispatcher = service(factory)
+    loop.run_round(T0)
+    half = {"full_fraction": 0.5, "partial_depth": 0.5, "rotation_period": 0}
+    with transaction(factory) as session:
+        session.execute(update(Allocation).where(Allocation.job_id == partial).values(spb=half))
+        for job_id, count in ((full, 5), (partial, 5), (fresh, 4)):
+            peaks = (90 << 20, 100 << 20, 80 << 20, 0, 0)[:count]
+            rows = [
+                {"job_id": job_id, "iteration": i, "step_seconds": 0.1, "peak_memory_bytes": peak}
+                for i, peak in enumerate(peaks, start=1)
+            ]
+            record(session, rows)
+        # Reported during the runs (the loop's clock is T0's).
+        session.execute(update(IterationMetric).values(reported_at=T0 + timedelta(seconds=0.5)))
+    lowered = loop.run_round(T0 + timedelta(seconds=1))
+    expected = allowance(100 << 20, MEMORY_HEADROOM)
+    assert [(d.kind, d.job_id, d.detail) for d in lowered.decisions] == [
+        ("cap", full, {"memory_bytes": expected})
+    ]
+    assert [c for c in dispatcher.commands if c.kind == "cap"] == [Command("cap", full)]
+    with factory() as session:
+        caps = dict(
+            session.execute(
+                select(Allocation.job_id, Allocation.memory_bytes).where(
+                    Allocation.released_at.is_(None)
+                )
+            ).all()
+        )
+        snapshot = build_snapshot(session, T0 + timedelta(seconds=2))
+    assert caps == {full: expected, partial: None, fresh: None}
+    assert {job.id: job.memory_cap_bytes for job in snapshot.jobs} == {
+        full: expected,
+        partial: None,
+        fresh: None,
+    }
+    loop.run_round(T0 + timedelta(seconds=2))  # what it showed is what it has now
+    assert [c for c in dispatcher.commands if c.kind == "cap"] == [Command("cap", full)]

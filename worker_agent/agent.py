@@ -314,6 +314,8 @@ def _dispatch(
             )
             return
         supervisor.reconfigure(command.job_id, command.config_version, config)
+    elif kind == "cap":
+        supervisor.cap(message.cap.job_id, message.cap.memory_bytes)
     else:
         logger.warning("unknown command from the scheduler (newer protocol?): %s", kind)
 

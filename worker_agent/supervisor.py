@@ -255,13 +255,8 @@ class Supervisor:
     def suspend(self, job_id: int) -> None:
         """Rank 0 checkpoints at its next boundary; then every rank exits (code 3)."""
         with self._lock:
-            job = self._jobs.get(job_id)
+            job = self._running(job_id, "suspend")
             if job is None:
-                logger.warning(
-                    "suspend of job %d, which does not run here: ignored",
-                    job_id,
-                    extra={"job_id": job_id},
-                )
                 return
             if job.action is not Action.CONTINUE:
                 return
@@ -271,13 +266,8 @@ class Supervisor:
     def reconfigure(self, job_id: int, config_version: int, config: dict[str, Any]) -> None:
         """Rank 0 takes this configuration at its next boundary."""
         with self._lock:
-            job = self._jobs.get(job_id)
+            job = self._running(job_id, "reconfigure")
             if job is None:
-                logger.warning(
-                    "reconfigure of job %d, which does not run here: ignored",
-                    job_id,
-                    extra={"job_id": job_id},
-                )
                 return
             if config_version <= job.config_version:
                 logger.warning(
@@ -289,6 +279,43 @@ class Supervisor:
                 return
             job.config_version, job.config = config_version, dict(config)
         self._tell_rank0(job)
+
+    def cap(self, job_id: int, memory_bytes: int) -> None:
+        """Each of the job's ranks here may use `memory_bytes` from now on (counted at
+        once against its GPU), enforced by every rank from its next boundary; a cap not
+        below the job's current one is ignored."""
+        with self._lock:
+            job = self._running(job_id, "cap")
+            if job is None:
+                return
+            current = min(self._cap(job.memory_bytes, r.gpu_index) for r in job.ranks.values())
+            if not 0 < memory_bytes < current:
+                logger.warning(
+                    "job %d: memory cap %d is not below its %d: ignored",
+                    job_id,
+                    memory_bytes,
+                    current,
+                    extra={"job_id": job_id},
+                )
+                return
+            job.memory_bytes = memory_bytes
+        logger.info(
+            "job %d: memory cap lowered to %s", job_id, _gib(memory_bytes), extra={"job_id": job_id}
+        )
+        self._tell_rank0(job)
+
+    def _running(self, job_id: int, command: str) -> _Job | None:
+        """The job a command is for, or None (said in the log) when it does not run
+        here (lock held)."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            logger.warning(
+                "%s of job %d, which does not run here: ignored",
+                command,
+                job_id,
+                extra={"job_id": job_id},
+            )
+        return job
 
     def running(self) -> dict[int, dict[int, int]]:
         """The jobs with processes on this node: rank -> GPU index of each."""
@@ -563,7 +590,12 @@ class _RankEvents:
 
     def decision(self) -> Decision:
         with self.lock:
-            return Decision(self.job.action, self.job.config_version, self.job.config)
+            return Decision(
+                self.job.action,
+                self.job.config_version,
+                self.job.config,
+                memory_bytes=self.job.memory_bytes,
+            )
 
     def reported(self, records: list[IterationRecord]) -> None:
         with self.lock:

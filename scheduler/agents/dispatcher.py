@@ -38,6 +38,8 @@ from jigsaw.spb import resolve
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome
 from scheduler.models.agents import (
+    MEMORY_HEADROOM,
+    MEMORY_RECENT_ITERATIONS,
     NodeRun,
     bind_run,
     instance_digest,
@@ -54,10 +56,6 @@ _OUTCOMES = {
     pb.OUTCOME_STOPPED: RunOutcome.STOPPED,
     pb.OUTCOME_REFUSED: RunOutcome.REFUSED,
 }
-# A rank's memory cap over the largest peak its job reported (allocator and data-loader
-# variation between iterations), from its last iterations.
-MEMORY_HEADROOM = 1.25
-_MEMORY_RECENT_ITERATIONS = 20
 
 # Why a job-scoped message from an agent was dropped (`jigsaw_reports_dropped_total`).
 NOT_ALLOCATED = "not_allocated"  # the job is not this node's, now or ever
@@ -322,7 +320,7 @@ class AgentDispatcher:
                         launch.job_id,
                         gpu_ids,
                         headroom=MEMORY_HEADROOM,
-                        recent=_MEMORY_RECENT_ITERATIONS,
+                        recent=MEMORY_RECENT_ITERATIONS,
                     )
                 )
                 bind_run(
@@ -373,14 +371,25 @@ class AgentDispatcher:
         command = pb.ReconfigureCommand(
             job_id=job_id, config_version=config_version, spb=convert.spb_message(resolve(spb))
         )
+        what = f"reconfigure (version {config_version})"
+        self._to_job_nodes(job_id, pb.SchedulerMessage(reconfigure=command), what)
+
+    def cap(self, job_id: int, memory_bytes: int) -> None:
+        """Sent to every node of the job: each agent counts the cap for its own GPUs, and
+        rank 0's hands it to its peers at the boundary. A node not connected now misses
+        it and keeps counting the cap it had (a guest may then be refused there)."""
+        command = pb.CapCommand(job_id=job_id, memory_bytes=memory_bytes)
+        self._to_job_nodes(job_id, pb.SchedulerMessage(cap=command), "cap")
+
+    def _to_job_nodes(self, job_id: int, message: pb.SchedulerMessage, what: str) -> None:
         with self._lock:
             sessions = [(name, self._sessions.get(name)) for name in self._jobs.get(job_id, {})]
         for name, session in sessions:
             if session is None:
-                logger.warning("reconfigure of job %d not sent: %s not connected", job_id, name)
+                logger.warning("%s of job %d not sent: %s not connected", what, job_id, name)
                 continue
-            logger.info("reconfigure job %d on %s: version %d", job_id, name, config_version)
-            session.send(pb.SchedulerMessage(reconfigure=command))
+            logger.info("%s job %d on %s", what, job_id, name)
+            session.send(message)
 
     def poll(self, now: datetime) -> list[Report]:
         reports = []

@@ -22,6 +22,7 @@ REQUEUE = "requeue"  # a job lost its processes (agent lost, crash retry) and wa
 RELEASE = "release"  # GPUs of a job that ended or was suspended through the API, freed
 AGENT_LOST = "agent_lost"  # an agent stopped heartbeating; its node offers nothing
 RECONFIGURE = "reconfigure"  # a running job keeps its GPUs under a new SPB configuration
+CAP = "cap"  # a running job's memory cap lowered to what it has shown it needs
 RESIZE = "resize"  # a running elastic job asked to checkpoint for another gang
 RESIZED = "resized"  # ... relaunched there; its measured cost in the details
 UNPLACEABLE = "unplaceable"  # a waiting job asks for more GPUs than the cluster can gang

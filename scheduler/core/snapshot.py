@@ -88,6 +88,10 @@ class JobView:
     # on the cluster the mean of the recent starts measured there; None (the simulator,
     # whose jobs run for hours): charged as nothing in the order.
     start_seconds: float | None = None
+    # The memory each of its ranks may use on a GPU it holds, as its agents count it
+    # (the whole GPU for a job launched before it reported, until the loop lowers it);
+    # None: not capped (not running on the cluster, or in the simulator).
+    memory_cap_bytes: int | None = None
 
     @cached_property
     def waiting(self) -> bool:

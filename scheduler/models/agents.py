@@ -12,7 +12,9 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from jigsaw import spb
 from jigsaw.gpus import GpuSlot
+from scheduler.core.states import JobState
 from scheduler.orm import GPU, Agent, Allocation, Event, IterationMetric, Job, Node, utcnow
 
 logger = logging.getLogger(__name__)
@@ -250,11 +252,78 @@ def bind_run(
 # job's library autotuning tries workspaces its steady state never holds. Measured on an
 # H200: a 82 MB job capped at 1.25x its peak failed on restart.
 MEMORY_SLACK_BYTES = 256 << 20
+# A rank's memory cap over the largest peak its job reported (allocator and data-loader
+# variation between iterations).
+MEMORY_HEADROOM = 1.25
+# The iterations a cap is derived from: a worker reports its process's peak so far, so
+# the newest say all there is.
+MEMORY_RECENT_ITERATIONS = 20
 
 
 def allowance(peak: int, headroom: float) -> int:
     """The memory a job whose peak was measured at `peak` bytes may take."""
     return max(math.ceil(peak * headroom), peak + MEMORY_SLACK_BYTES)
+
+
+def caps_to_lower(session: Session, *, headroom: float, settle: int, recent: int) -> dict[int, int]:
+    """Running jobs whose ranks may use at least twice what their run has shown it
+    needs, with the cap each should have instead: the largest peak of the run's last
+    `recent` iterations (a worker reports its process's peak so far), of which at
+    least `settle` are in, with `headroom` (`allowance`). A job launched before it had
+    reported gets its whole GPU, and nothing fits beside it until this lowers it. Only
+    runs at full backprop: a partial SPB worker needs less than it will again once
+    reconfigured. Two queries, whatever the number of jobs."""
+    runs: dict[int, tuple[float, datetime]] = {}
+    partial: set[int] = set()
+    for job_id, cap, whole, placed, config in session.execute(
+        select(
+            Allocation.job_id,
+            Allocation.memory_bytes,
+            GPU.memory_bytes,
+            Allocation.created_at,
+            Allocation.spb,
+        )
+        .join(GPU, GPU.id == Allocation.gpu_id)
+        .join(Job, Job.id == Allocation.job_id)
+        .where(Allocation.released_at.is_(None), Job.state == JobState.RUNNING.value)
+    ):
+        if spb.resolve(config) is not None:
+            partial.add(job_id)
+        held, since = runs.get(job_id, (math.inf, placed))
+        runs[job_id] = (min(held, cap or whole), min(since, placed))
+    candidates = [job_id for job_id in runs if job_id not in partial]
+    if not candidates:
+        return {}
+    placed_at = (
+        select(Allocation.job_id, func.min(Allocation.created_at).label("since"))
+        .where(Allocation.released_at.is_(None), Allocation.job_id.in_(candidates))
+        .group_by(Allocation.job_id)
+        .subquery()
+    )
+    lowered: dict[int, int] = {}
+    for job_id, peak, count in session.execute(
+        select(IterationMetric.job_id, func.max(IterationMetric.peak_memory_bytes), func.count())
+        .join(Job, Job.id == IterationMetric.job_id)
+        .join(placed_at, placed_at.c.job_id == IterationMetric.job_id)
+        .where(
+            IterationMetric.iteration > Job.iterations_done - recent,
+            IterationMetric.reported_at >= placed_at.c.since,
+        )
+        .group_by(IterationMetric.job_id)
+    ):
+        if count >= settle and peak and 2 * allowance(int(peak), headroom) <= runs[job_id][0]:
+            lowered[job_id] = allowance(int(peak), headroom)
+    return lowered
+
+
+def lower_cap(session: Session, job_id: int, memory_bytes: int) -> None:
+    """Record the job's ranks' new memory cap on every GPU it holds."""
+    session.execute(
+        update(Allocation)
+        .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+        .values(memory_bytes=memory_bytes)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def memory_cap(

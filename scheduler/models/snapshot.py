@@ -45,14 +45,17 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
     holders: dict[int, list[int]] = defaultdict(list)
     held_by_job: dict[int, list[int]] = defaultdict(list)
     spb_of_job: dict[int, dict[str, Any]] = {}
-    for job_id, gpu_id, spb in session.execute(
-        select(Allocation.job_id, Allocation.gpu_id, Allocation.spb)
+    caps: dict[int, int] = {}
+    for job_id, gpu_id, spb, cap in session.execute(
+        select(Allocation.job_id, Allocation.gpu_id, Allocation.spb, Allocation.memory_bytes)
         .where(Allocation.released_at.is_(None))
         .order_by(Allocation.job_id, Allocation.rank)
     ):
         holders[gpu_id].append(job_id)
         held_by_job[job_id].append(gpu_id)
         spb_of_job[job_id] = spb  # the loop keeps every allocation of a hold alike
+        if cap:
+            caps[job_id] = max(caps.get(job_id, 0), cap)
 
     # Service attained (Tiresias) and the current hold's start, from every allocation of
     # the active jobs: one row per rank and hold, so GPU-seconds add up directly.
@@ -145,6 +148,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             queue=str(job.spec.get("queue") or "default"),
             resize_seconds=costs.get(job.id),
             start_seconds=start,
+            memory_cap_bytes=caps.get(job.id),
         )
         for job in rows
     )

@@ -32,8 +32,8 @@ from worker_agent.runtime.protocol import Action, Decision
 _ACTIONS = list(Action)
 _BASE = 256
 # Digits per field, enough for the job spec's bounds (max_iterations <= 10**12 bounds
-# a lease's length).
-_FIELDS = {"action": 1, "target_reached": 1, "config_version": 4, "lease": 6}
+# a lease's length) and a memory cap in bytes (256**6: 281 TB).
+_FIELDS = {"action": 1, "target_reached": 1, "config_version": 4, "lease": 6, "memory": 6}
 _DIGITS = sum(_FIELDS.values())
 
 
@@ -99,6 +99,7 @@ class BoundarySync:
                 int(target_reached),
                 decision.config_version,
                 max(decision.lease_until - boundary, 0),
+                decision.memory_bytes,
             )
             if fields != self._offered_fields:
                 digits = _encode(dict(zip(_FIELDS, fields, strict=True)))
@@ -151,6 +152,7 @@ class BoundarySync:
                 self._config_version,
                 self._config,
                 self._boundary + values["lease"],
+                values["memory"],
             ),
             target_reached=bool(values["target_reached"]),
         )

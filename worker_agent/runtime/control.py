@@ -7,7 +7,7 @@ to its peers so that every rank acts at the same boundary. Every rank calls `exi
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Client, Connection
 from typing import Any, Protocol
 
@@ -102,7 +102,7 @@ class ConnectionController:
             self._decision = Decision.from_message(self._connection.recv())
         held = self._decision
         # Any boundary may bring a change, so the peers agree at every one.
-        return Decision(held.action, held.config_version, held.config, iteration + 1)
+        return replace(held, lease_until=iteration + 1)
 
     def report(self, records: list[IterationRecord]) -> None:
         self._connection.send(

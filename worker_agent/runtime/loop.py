@@ -247,6 +247,8 @@ class _Training:
             if agreed.decision.config_version != self._config_version:
                 self._config_version = agreed.decision.config_version
                 self._reconfigure(agreed.decision.config)
+            if self._cap.lower(agreed.decision.memory_bytes):
+                self._announce(f"memory cap lowered to {agreed.decision.memory_bytes >> 20} MiB")
             outcome = self._outcome(agreed)
             if outcome is not None:
                 return self._finish(outcome)

@@ -24,10 +24,31 @@ class MemoryCap:
     def __init__(self, device: torch.device, cap_bytes: int | None) -> None:
         """Applies the cap at once on CUDA (before anything is allocated there)."""
         self._device = device
+        self._cap: int | None = None
+        if cap_bytes is not None:
+            self._apply(cap_bytes)
+
+    @property
+    def cap_bytes(self) -> int | None:
+        return self._cap
+
+    def lower(self, cap_bytes: int) -> bool:
+        """Lower the cap (the scheduler's, once the job has shown what it needs, so that
+        others fit beside it); a cap not below the current one changes nothing. On CUDA
+        the allocator's cached blocks are released, so what it holds falls to what is in
+        use. Whether it changed."""
+        if cap_bytes <= 0 or (self._cap is not None and cap_bytes >= self._cap):
+            return False
+        self._apply(cap_bytes)
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+        return True
+
+    def _apply(self, cap_bytes: int) -> None:
         self._cap = cap_bytes
-        if cap_bytes is not None and device.type == "cuda":
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
+        if self._device.type == "cuda":
+            total = torch.cuda.get_device_properties(self._device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), self._device)
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[None]:

@@ -20,14 +20,15 @@ worker -> agent
      "error_tail": str | None}                                         last, once
 agent -> worker (rank 0 only: the reply to "check", then every change, unasked)
     {"action": "continue" | "suspend" | "stop", "config_version": int,
-     "config": dict, "lease_until": int}
+     "config": dict, "lease_until": int, "memory_bytes": int}
 
 `iteration` is always a boundary: the number of iterations completed. The job's decision
 holds until the agent sends another; rank 0 reads what arrived at every boundary, so a
 command takes effect at the first boundary after it reaches the worker, and a boundary
 costs no round trip to the agent. `lease_until` is the runtime's own (`Decision` also
 tells the training loop's ranks how long they may go without agreeing); the agent sends
-0. `config` changes only together with `config_version`.
+0. `config` changes only together with `config_version`. `memory_bytes` is each rank's
+memory cap as the scheduler last lowered it (0: the launch's).
 
 Log lines travel separately: the agent reads every worker's stdout and stderr.
 
@@ -72,6 +73,7 @@ class Decision:
     config_version: int = 0
     config: dict[str, Any] = field(default_factory=dict)
     lease_until: int = 0
+    memory_bytes: int = 0  # each rank's lowered memory cap (0: the launch's)
 
     def to_message(self) -> dict[str, Any]:
         return {**asdict(self), "action": self.action.value}
@@ -83,6 +85,7 @@ class Decision:
             config_version=int(message["config_version"]),
             config=dict(message["config"]),
             lease_until=int(message["lease_until"]),
+            memory_bytes=int(message.get("memory_bytes", 0)),
         )
 
 

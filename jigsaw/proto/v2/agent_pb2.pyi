@@ -334,18 +334,20 @@ class StageProfile(_message.Message):
     def __init__(self, forward_seconds: _Optional[float] = ..., backward_input_seconds: _Optional[float] = ..., backward_weight_seconds: _Optional[float] = ..., activation_bytes: _Optional[int] = ..., parameter_bytes: _Optional[int] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("launch", "stop", "suspend", "resume", "reconfigure")
+    __slots__ = ("launch", "stop", "suspend", "resume", "reconfigure", "cap")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     RECONFIGURE_FIELD_NUMBER: _ClassVar[int]
+    CAP_FIELD_NUMBER: _ClassVar[int]
     launch: LaunchCommand
     stop: StopCommand
     suspend: SuspendCommand
     resume: LaunchCommand
     reconfigure: ReconfigureCommand
-    def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., stop: _Optional[_Union[StopCommand, _Mapping]] = ..., suspend: _Optional[_Union[SuspendCommand, _Mapping]] = ..., resume: _Optional[_Union[LaunchCommand, _Mapping]] = ..., reconfigure: _Optional[_Union[ReconfigureCommand, _Mapping]] = ...) -> None: ...
+    cap: CapCommand
+    def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., stop: _Optional[_Union[StopCommand, _Mapping]] = ..., suspend: _Optional[_Union[SuspendCommand, _Mapping]] = ..., resume: _Optional[_Union[LaunchCommand, _Mapping]] = ..., reconfigure: _Optional[_Union[ReconfigureCommand, _Mapping]] = ..., cap: _Optional[_Union[CapCommand, _Mapping]] = ...) -> None: ...
 
 class RankAssignment(_message.Message):
     __slots__ = ("rank", "gpu_index")
@@ -412,6 +414,14 @@ class ReconfigureCommand(_message.Message):
     config_version: int
     spb: SPBConfig
     def __init__(self, job_id: _Optional[int] = ..., config_version: _Optional[int] = ..., spb: _Optional[_Union[SPBConfig, _Mapping]] = ...) -> None: ...
+
+class CapCommand(_message.Message):
+    __slots__ = ("job_id", "memory_bytes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    memory_bytes: int
+    def __init__(self, job_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "workload", "hyperparameters", "workers", "max_iterations", "target_metric", "priority", "queue", "spb", "backprop", "ooo_first_k", "pipeline", "max_retries", "eval_every", "code", "elastic", "batch")

@@ -89,17 +89,20 @@ class _Rooms:
 
     def _shared_entries(self) -> list[tuple[float, int, int, int]]:
         """(utilization, node, GPU, memory used) of each usable GPU one job of known
-        utilization holds."""
+        utilization holds. A job's memory there is what it may use, its cap (what the
+        GPU's agent counts) where that is more than the model says it needs: a guest
+        beyond the cap's room would be refused."""
         layout = self.layout
         entries = []
         for job_id, gpus in layout.gpus.items():
             shape = layout.shape(job_id)
             if shape is None or shape.utilizations is None:
                 continue
+            cap = layout.jobs[job_id].memory_cap_bytes or 0
             for rank, gpu in enumerate(gpus):
                 if gpu in self.usable and len(layout.on_gpu[gpu]) == 1:
                     node = layout.node_of[gpu]
-                    used = shape.worker_memory_bytes[rank]
+                    used = max(shape.worker_memory_bytes[rank], cap)
                     entries.append((shape.utilizations[rank], node, gpu, used))
         return entries
 
