@@ -571,7 +571,7 @@ class SchedulerService:
         with transaction(self._factory) as session:
             lowered = agents.caps_to_lower(
                 session,
-                headroom=agents.MEMORY_HEADROOM,
+                headroom=agents.LOWERED_CAP_HEADROOM,
                 settle=_CAP_SETTLE_ITERATIONS,
                 recent=agents.MEMORY_RECENT_ITERATIONS,
             )

@@ -24,7 +24,7 @@ from scheduler.db import session_factory, transaction
 from scheduler.dispatch import Command, Launch, Report, RunOutcome, SimulatedDispatcher
 from scheduler.leader import LeaderLock, LeaderUnavailable
 from scheduler.loop import SchedulerService
-from scheduler.models.agents import MEMORY_HEADROOM, allowance
+from scheduler.models.agents import LOWERED_CAP_HEADROOM, allowance
 from scheduler.models.jobs import cancel, resume, submit, suspend
 from scheduler.models.metrics import record
 from scheduler.models.snapshot import build_snapshot
@@ -655,7 +655,7 @@ def test_a_running_job_s_memory_cap_is_lowered_once_to_what_its_run_showed(
         # Reported during the runs (the loop's clock is T0's).
         session.execute(update(IterationMetric).values(reported_at=T0 + timedelta(seconds=0.5)))
     lowered = loop.run_round(T0 + timedelta(seconds=1))
-    expected = allowance(100 << 20, MEMORY_HEADROOM)
+    expected = allowance(100 << 20, LOWERED_CAP_HEADROOM)
     assert [(d.kind, d.job_id, d.detail) for d in lowered.decisions] == [
         ("cap", full, {"memory_bytes": expected})
     ]

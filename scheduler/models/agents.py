@@ -255,6 +255,10 @@ MEMORY_SLACK_BYTES = 256 << 20
 # A rank's memory cap over the largest peak its job reported (allocator and data-loader
 # variation between iterations).
 MEMORY_HEADROOM = 1.25
+# A running job's cap lowered from what its first iterations showed: twice its peak, as
+# a profiled job's launch, since they may not have seen an evaluation (every
+# `eval_every` iterations) nor the allocator's full reserve.
+LOWERED_CAP_HEADROOM = 2.0
 # The iterations a cap is derived from: a worker reports its process's peak so far, so
 # the newest say all there is.
 MEMORY_RECENT_ITERATIONS = 20
@@ -266,10 +270,10 @@ def allowance(peak: int, headroom: float) -> int:
 
 
 def caps_to_lower(session: Session, *, headroom: float, settle: int, recent: int) -> dict[int, int]:
-    """Running jobs whose ranks may use at least twice what their run has shown it
-    needs, with the cap each should have instead: the largest peak of the run's last
-    `recent` iterations (a worker reports its process's peak so far), of which at
-    least `settle` are in, with `headroom` (`allowance`). A job launched before it had
+    """Running jobs whose ranks' cap is at least twice what their run has shown they
+    need, and that need: the largest peak of the run's last `recent` iterations (a
+    worker reports its process's peak so far), of which at least `settle` are in, with
+    `headroom` (`allowance`). A job launched before it had
     reported gets its whole GPU, and nothing fits beside it until this lowers it. Only
     runs at full backprop: a partial SPB worker needs less than it will again once
     reconfigured. Two queries, whatever the number of jobs."""
