@@ -124,10 +124,12 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
     paced = ordering.paced(snapshot, jobs, per_node, len(usable), params.pace_after_seconds)
     drain = ordering.drain_seconds(jobs, per_node, len(usable))
     choices = []
-    for floor in sizing.shrink_floors(jobs, len(usable), params.efficiency_floors):
+    floors = sizing.shrink_floors(jobs, len(usable), params.efficiency_floors)
+    for floor in floors:
         rule = sizing.Sizing(per_node, floor, params.long_job_seconds, params.long_job_floor, paced)
         ordered = ordering.order(jobs, snapshot, rule, drain, params)
-        choices.append((sizing.completion_sum(ordered, rule, len(usable)), rule, ordered))
+        ends = sizing.completion_sum(ordered, rule, len(usable)) if len(floors) > 1 else 0.0
+        choices.append((ends, rule, ordered))
     _, rule, ordered = min(choices, key=lambda choice: choice[0])
 
     # 2. Size and admit whole GPUs in order, then grow into what is left.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from jigsaw import spb
@@ -80,25 +80,29 @@ def completion_sum(ordered: list[JobView], sizing: Sizing, capacity: int) -> flo
     """The seconds until each job ends, summed, were each to run at its base size
     from now, started in `ordered` order as GPUs free up (a later job starting first
     where it fits, as admission does). Jobs never done (no end known) hold their GPUs
-    and add nothing."""
-    pending = [(sizing.base(job), sizing.remaining_seconds(job)) for job in ordered]
+    and add nothing.
+
+    O(J (S + log J)) for J jobs of S distinct sizes: the next job to start is the
+    earliest in order among the first waiting job of each size that fits (one passed
+    over in a scan never fits later in it: the free GPUs only fall)."""
+    waiting: dict[int, deque[tuple[int, float]]] = defaultdict(deque)
+    for position, job in enumerate(ordered):
+        waiting[sizing.base(job)].append((position, sizing.remaining_seconds(job)))
     ends: list[tuple[float, int]] = []
     now, free, total = 0.0, capacity, 0.0
-    while pending:
-        waiting = []
-        for size, seconds in pending:
-            if size <= free:
-                free -= size
-                heapq.heappush(ends, (now + seconds, size))
-                total += now + seconds if math.isfinite(seconds) else 0.0
-            else:
-                waiting.append((size, seconds))
-        pending = waiting
-        if not pending or not ends or not math.isfinite(ends[0][0]):
-            break  # what waits never fits, or GPUs never free up
+    while True:
+        while fitting := [
+            (queue[0][0], size) for size, queue in waiting.items() if queue and size <= free
+        ]:
+            _, size = min(fitting)
+            _, seconds = waiting[size].popleft()
+            free -= size
+            heapq.heappush(ends, (now + seconds, size))
+            total += now + seconds if math.isfinite(seconds) else 0.0
+        if not any(waiting.values()) or not ends or not math.isfinite(ends[0][0]):
+            return total  # all started, or what waits never fits or never gets GPUs
         now, size = heapq.heappop(ends)
         free += size
-    return total
 
 
 def size_jobs(
