@@ -76,15 +76,15 @@ The steps are modules of this package: `ordering` (1), `sizing` and `growth` (2)
 `spb_choice` (3), `packing` (4); `params.JigsawParams` holds every constant named here,
 `speeds` what is derived from a job's speed model alone.
 
-Cost: sorting is O(J log J) for J jobs, once per shrink floor (the drain time O(J);
-the least makespan, when pacing, O(C log C) for the C corners of the jobs' cost
-curves); the completion sum O(J (S + log J)) per floor for S distinct sizes;
-sizing O(J) (per-job choices cached per model); placement O(J + G) for G GPUs; growth
-O(S x P) per job for S sizes and P GPUs per node (how a gang would spread is predicted
-from free counts per node), and stops when no GPU is free; packing O(G log G) to rank
-candidate GPUs once, then O(W) per guest of W workers over at most `max_guests` guests
-per round. Jobs without a speed model (or with one size: on the real cluster, every job
-not `elastic`) are never resized; without a model they are scheduled like SRTF by iterations left and
+Cost: sorting is O(J log J) for J jobs, once per shrink floor (the drain time O(J); the
+least makespan, when pacing, O(C log C) for the C corners of the jobs' cost curves); the
+completion sum O(J (S + log J)) per floor for S distinct sizes; sizing O(J) (per-job
+choices cached per model); placement O(J + G) for G GPUs; growth O(S x P) per job for S
+sizes and P GPUs per node (how a gang would spread is predicted from free counts per
+node), and stops when no GPU is free; packing O(G log G) to rank candidate GPUs once,
+then O(W) per guest of W workers over at most `max_guests` guests per round. Jobs
+without a speed model (or with one size: on the real cluster, every job not `elastic`)
+are never resized; without a model they are scheduled like SRTF by iterations left and
 are never packed or given SPB. A running job whose spec is elastic moves by the plan's
 `Resize` (`resizing`), growing only for more than its measured resize cost. The policy
 chooses the SPB configuration only of jobs whose spec says `auto`: one that says `off`
