@@ -273,10 +273,10 @@ def caps_to_lower(session: Session, *, headroom: float, settle: int, recent: int
     """Running jobs whose ranks' cap is at least twice what their run has shown they
     need, and that need: the largest peak of the run's last `recent` iterations (a
     worker reports its process's peak so far), of which at least `settle` are in, with
-    `headroom` (`allowance`). A job launched before it had
-    reported gets its whole GPU, and nothing fits beside it until this lowers it. Only
-    runs at full backprop: a partial SPB worker needs less than it will again once
-    reconfigured. Two queries, whatever the number of jobs."""
+    `headroom` (`allowance`). A job launched before it had reported gets its whole GPU,
+    and nothing fits beside it until this lowers it. Only runs at full backprop: a
+    partial SPB worker needs less than it will again once reconfigured. Two queries,
+    whatever the number of jobs."""
     runs: dict[int, tuple[float, datetime]] = {}
     partial: set[int] = set()
     for job_id, cap, whole, placed, config in session.execute(
@@ -315,8 +315,9 @@ def caps_to_lower(session: Session, *, headroom: float, settle: int, recent: int
         )
         .group_by(IterationMetric.job_id)
     ):
-        if count >= settle and peak and 2 * allowance(int(peak), headroom) <= runs[job_id][0]:
-            lowered[job_id] = allowance(int(peak), headroom)
+        need = allowance(int(peak or 0), headroom)
+        if count >= settle and peak and 2 * need <= runs[job_id][0]:
+            lowered[job_id] = need
     return lowered
 
 

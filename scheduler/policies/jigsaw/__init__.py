@@ -33,11 +33,10 @@ over jobs divided by the GPUs. Each round:
    than `long_job_floor` (a running job: that or what it holds, whichever is less); a
    paced job's is its pace. The floor is the one of `efficiency_floors` whose sizes,
    in its order, end the jobs soonest on average were each to run at its base size
-   as GPUs free up (`sizing.completion_sum`):
-   shrinking everyone to fit can end them all later than queueing some at the sizes
-   they use well (a burst of jobs that each run well on 4 GPUs and 78% as well per
-   GPU on 8: two of them one after the other on 8 beat both on 4 at once), and
-   admitting everyone is better where width buys little.
+   as GPUs free up (`sizing.completion_sum`): shrinking everyone to fit can end them
+   all later than queueing some at the sizes they use well (a burst of jobs that each
+   run well on 4 GPUs and 78% as well per GPU on 8: two of them one after the other on
+   8 beat both on 4 at once), and admitting everyone is better where width buys little.
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
    suspended. Kept jobs stay where they are; newcomers and moved jobs are
