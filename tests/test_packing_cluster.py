@@ -77,11 +77,12 @@ def test_two_profiled_jobs_share_a_gpu_from_their_first_round(tmp_path: Path, db
             holds = connection.execute(
                 select(Allocation.job_id, Allocation.gpu_id, Allocation.memory_bytes)
             ).all()
-            # One placement each, on the one GPU, capped by the profile's prediction.
+            # One placement each, on the one GPU, capped by the profile's prediction, or
+            # lower once the run had shown it needs at most half of it.
             assert sorted(job_id for job_id, _, _ in holds) == sorted(ids), holds
             assert len({gpu for _, gpu, _ in holds}) == 1, holds
             cap = allowance(PEAK, PROFILED_MEMORY_FACTOR)
-            assert all(memory == cap for _, _, memory in holds), (cap, holds)
+            assert all(m == cap or 0 < 2 * m <= cap for _, _, m in holds), (cap, holds)
             for job_id in ids:
                 rows = connection.execute(
                     select(IterationMetric.iteration, IterationMetric.co_runners).where(
