@@ -182,10 +182,11 @@ class SchedulerService:
         released = self._release_ended(now)
         requeued += self._reconcile(now)
         requeued += self._requeue_drained()
-        self._lower_caps()
         with transaction(self._factory) as session:
+            lowered = self._lower_caps(session)
             snapshot = build_snapshot(session, now)
             quotas = queue_models.quotas(session)
+        self._send_caps(lowered)
         plan, decision = schedule_within(self._policy, quotas, snapshot)
         plan = self._checked(plan, snapshot)
         if self._telemetry is not None:
@@ -564,19 +565,21 @@ class SchedulerService:
             done += 1
         return done
 
-    def _lower_caps(self) -> None:
-        """Lower the memory cap of running jobs that use at most half of it
-        (`agents.caps_to_lower`): recorded first, so that this round's plan sees
-        the room, then sent to their agents."""
-        with transaction(self._factory) as session:
-            lowered = agents.caps_to_lower(
-                session,
-                headroom=agents.LOWERED_CAP_HEADROOM,
-                settle=_CAP_SETTLE_ITERATIONS,
-                recent=agents.MEMORY_RECENT_ITERATIONS,
-            )
-            for job_id, memory_bytes in lowered.items():
-                agents.lower_cap(session, job_id, memory_bytes)
+    def _lower_caps(self, session: Session) -> dict[int, int]:
+        """Lower the memory cap of running jobs that need at most half of it
+        (`agents.caps_to_lower`), in the round's snapshot transaction so that the plan
+        sees the room; `_send_caps` tells their agents once it is committed."""
+        lowered = agents.caps_to_lower(
+            session,
+            headroom=agents.LOWERED_CAP_HEADROOM,
+            settle=_CAP_SETTLE_ITERATIONS,
+            recent=agents.MEMORY_RECENT_ITERATIONS,
+        )
+        for job_id, memory_bytes in lowered.items():
+            agents.lower_cap(session, job_id, memory_bytes)
+        return lowered
+
+    def _send_caps(self, lowered: Mapping[int, int]) -> None:
         for job_id, memory_bytes in lowered.items():
             self._decide(rounds.CAP, job_id, memory_bytes=memory_bytes)
             try:
