@@ -28,10 +28,6 @@ class MemoryCap:
         if cap_bytes is not None:
             self._apply(cap_bytes)
 
-    @property
-    def cap_bytes(self) -> int | None:
-        return self._cap
-
     def lower(self, cap_bytes: int) -> bool:
         """Lower the cap (the scheduler's, once the job has shown what it needs, so that
         others fit beside it); a cap not below the current one changes nothing. On CUDA
