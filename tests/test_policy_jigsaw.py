@@ -400,6 +400,34 @@ def test_a_job_does_not_grow_onto_gpus_spread_over_nodes_that_slow_it() -> None:
     assert plan.suspend == ()
 
 
+def test_a_gang_spread_over_nodes_moves_to_fewer_nodes_where_that_is_faster() -> None:
+    # Grown onto scattered GPUs, the job runs 4 workers over two nodes at 1.5 s per
+    # iteration; 2 on one node take 0.8 s, 4 on one node 0.5 s.
+    gathers = JobModel(
+        iterations_total=10_000,
+        workers=4,
+        steps={4: {1: (0.5, 0.0), 2: (1.5, 0.0)}, 2: {1: (0.8, 0.0), 2: (1.5, 0.0)}},
+    )
+    spread = job(1, 4, gathers, state=JobState.RUNNING, gpus=(100, 101, 200, 201))
+    others = (
+        job(3, 2, model(2, 100_000), state=JobState.RUNNING, gpus=(102, 103)),
+        job(4, 2, model(2, 100_000), state=JobState.RUNNING, gpus=(202, 203)),
+    )
+    held = {100: 1, 101: 1, 200: 1, 201: 1, 102: 3, 103: 3, 202: 4, 203: 4}
+    # No node has room for all four: it moves to two GPUs of one node.
+    plan = jigsaw.schedule(snap(nodes(2, 4, held=held), spread, *others))
+    assert plan.suspend == (1,)
+    [moved] = plan.start
+    assert len(moved.gpu_ids) == 2 and len({g // 100 for g in moved.gpu_ids}) == 1
+    # A third node is free: it keeps its four workers, there.
+    plan = jigsaw.schedule(snap(nodes(3, 4, held=held), spread, *others))
+    assert [p.gpu_ids for p in plan.start] == [(300, 301, 302, 303)]
+    # On one node already, it never shrinks to run faster elsewhere.
+    compact = job(1, 4, gathers, state=JobState.RUNNING, gpus=(100, 101, 102, 103))
+    held = dict.fromkeys((100, 101, 102, 103), 1)
+    assert jigsaw.schedule(snap(nodes(2, 4, held=held), compact)) == Plan()
+
+
 def test_a_running_job_near_its_end_grows_when_that_saves_a_share_of_what_it_has_left() -> None:
     # 1,000 s to go on 2 GPUs, 450 s on 4: growing saves 550 s, less than the 600 s a
     # long job must save to move, but more than half of what this one has left.

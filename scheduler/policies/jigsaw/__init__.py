@@ -43,16 +43,18 @@ over jobs divided by the GPUs. Each round:
    gang-placed on free GPUs; running jobs not admitted keep running where nobody took
    their GPUs. GPUs still free then grow placed jobs, in order, each to the size
    (including more than it asked for) that finishes it soonest on the nodes those
-   GPUs are on; a running job only when that saves it `min_grow_saving` seconds, or
-   `min_grow_share` of its time to go if less (a job near its end gains in proportion
-   to what it has left), its restart included. In a first pass a job with more than
-   `grow_floor_seconds` to go grows only to sizes at `grow_floor` of its best progress
-   per GPU (it would hold the GPUs for hours), so the jobs behind it grow too; GPUs
-   still idle after that go as fast as they speed jobs up. In the first pass the jobs
-   that need at least `tail_share` of the drain time even at their fastest size (they
-   will still run when the cluster drains) take their turns longest first, so that
-   they finish together instead of the last alone on a cluster it cannot fill. Idle GPUs add
-   nothing, so growth costs nothing until a job ahead needs them back.
+   GPUs are on (a gang spread over more nodes than its size needs may instead move to
+   fewer GPUs on fewer nodes, where that is faster); a running job only when that saves
+   it `min_grow_saving` seconds, or `min_grow_share` of its time to go if less (a job
+   near its end gains in proportion to what it has left), its restart included. In a
+   first pass a job with more than `grow_floor_seconds` to go grows only to sizes at
+   `grow_floor` of its best progress per GPU (it would hold the GPUs for hours), so the
+   jobs behind it grow too; GPUs still idle after that go as fast as they speed jobs
+   up. In the first pass the jobs that need at least `tail_share` of the drain time
+   even at their fastest size (they will still run when the cluster drains) take their
+   turns longest first, so that they finish together instead of the last alone on a
+   cluster it cannot fill. Idle GPUs add nothing, so growth costs nothing until a job
+   ahead needs them back.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
@@ -80,14 +82,15 @@ least makespan, when pacing, O(C log C) for the C corners of the jobs' cost curv
 completion sum O(J (S + log J)) per floor for S distinct sizes; sizing O(J) (per-job
 choices cached per model); placement O(J + G) for G GPUs; growth O(S x P) per job for S
 sizes and P GPUs per node (how a gang would spread is predicted from free counts per
-node), and stops when no GPU is free; packing O(G log G) to rank candidate GPUs once,
-then O(W) per guest of W workers over at most `max_guests` guests per round. Jobs
-without a speed model (or with one size: on the real cluster, every job not `elastic`)
-are never resized; without a model they are scheduled like SRTF by iterations left and
-are never packed or given SPB. A running job whose spec is elastic moves by the plan's
-`Resize` (`resizing`), growing only for more than its measured resize cost. The policy
-chooses the SPB configuration only of jobs whose spec says `auto`: one that says `off`
-or fixes a configuration runs as its spec says, placed, kept or packed."""
+node), O(1) per job once no GPU is free (but for gangs spread over nodes); packing O(G
+log G) to rank candidate GPUs once, then O(W) per guest of W workers over at most
+`max_guests` guests per round. Jobs without a speed model (or with one size: on the real
+cluster, every job not `elastic`) are never resized; without a model they are scheduled
+like SRTF by iterations left and are never packed or given SPB. A running job whose spec
+is elastic moves by the plan's `Resize` (`resizing`), growing only for more than its
+measured resize cost. The policy chooses the SPB configuration only of jobs whose spec
+says `auto`: one that says `off` or fixes a configuration runs as its spec says, placed,
+kept or packed."""
 
 from __future__ import annotations
 

@@ -85,8 +85,8 @@ def grow(
         )
         fresh = {*started, *moved}
         for job in order:
-            if pool.total == 0:
-                break
+            if pool.total == 0 and not _spread(job, layout, per_node):
+                continue  # nothing to grow into; only a spread gang may still gather
             grew = job.id not in guests and _grow_one(job, layout, pool, usable, growth, fresh)
             if grew and job.id not in fresh:
                 moved.append(job.id)
@@ -103,9 +103,11 @@ def _grow_one(
 ) -> bool:
     """Grow `job` to the size that finishes it soonest on the nodes the free GPUs are
     on (a gang spread thin can be slower than a smaller one on one node), up to
-    `growth.widest`. Idle, those GPUs would add nothing; a running job not (re)started
-    this round (`fresh`) moves only when that saves it `growth.least_saving`, and no
-    less than the move costs it (`resizing.cost`). Whether it grew."""
+    `growth.widest`; a gang already spread over more nodes than its size needs may
+    move to fewer GPUs on fewer nodes where that is faster. Idle, those GPUs would
+    add nothing; a running job not (re)started this round (`fresh`) moves only when
+    that saves it `growth.least_saving`, and no less than the move costs it
+    (`resizing.cost`). Whether it grew or moved."""
     held = layout.gpus.get(job.id)
     if held is None or job.model is None or len(job.model.sizes) < 2:
         return False
@@ -116,8 +118,12 @@ def _grow_one(
     if job.id not in fresh:
         soonest -= max(growth.least_saving(soonest), resizing.cost(job))
     widest = growth.widest(job, len(held))
+    # A gang spread over more nodes than its size needs may also move to fewer GPUs
+    # on fewer nodes (a job grown onto scattered free GPUs stays slow there for hours
+    # otherwise); a compact one only grows.
+    spread = _spread(job, layout, growth.per_node)
     for workers in job.model.sizes:
-        if workers <= len(held):
+        if workers == len(held) or (workers < len(held) and not spread):
             continue
         if workers > widest:
             break
@@ -136,6 +142,12 @@ def _grow_one(
     assert placed is not None  # span said it fits
     layout.put(job, tuple(g.id for g in placed), config)
     return True
+
+
+def _spread(job: JobView, layout: Layout, per_node: int) -> bool:
+    """Whether the placed job spans more nodes than its size needs."""
+    held = layout.gpus.get(job.id)
+    return held is not None and layout.nodes[job.id] > -(-len(held) // per_node)
 
 
 def _tail_first(
