@@ -142,6 +142,24 @@ def test_a_waiting_job_is_packed_on_partial_workers_without_slowing_the_host() -
     assert stretched_step(shape, [1.0, factors[1]]) == shape.step_seconds
 
 
+def test_a_job_that_will_run_until_the_cluster_drains_hosts_only_such_guests() -> None:
+    # As above, but the host has 60,000 s to go, most of the 100,000 s the cluster
+    # needs for all its work: it will still run at the end, and what a guest that ends
+    # sooner anyway (40,000 s at its fastest) costs it (its SPB price, here) delays
+    # the last finish.
+    host_model = model(2, 20_000, step=3.0, spb=profile(), utilization=0.3)
+    host = job(1, 2, host_model, state=JobState.RUNNING, gpus=(100, 101))
+    guest = job(2, 1, model(1, 100_000, sizes={2: 0.4}, utilization=0.3))
+    cluster = nodes(1, 2, held={100: 1, 101: 1})
+    assert jigsaw.schedule(snap(cluster, host, guest)) == Plan()
+    packed = jigsaw.schedule(snap(cluster, host, guest), JigsawParams(tail_share=0.0))
+    assert packed.start == (Placement(2, (101,), {}),)
+    # A guest that will run until the end too (60,000 s at its fastest) ends sooner
+    # beside the host than after it.
+    longer = job(2, 1, model(1, 150_000, sizes={2: 0.4}, utilization=0.3))
+    assert jigsaw.schedule(snap(cluster, host, longer)).start == (Placement(2, (101,), {}),)
+
+
 def test_a_host_keeps_the_configuration_its_guest_was_packed_under() -> None:
     # The round after packing: the host runs at QUARTER with the guest on its partial
     # worker. Switched back to full backprop (its best alone) that worker would

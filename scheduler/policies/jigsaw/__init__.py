@@ -61,17 +61,22 @@ over jobs divided by the GPUs. Each round:
    when that raises the cluster's useful progress. A guest's workers go first on the
    partial workers of hosts switched to an SPB configuration (whose idle time and freed
    activation memory host it without slowing the host, whose pace its full workers
-   set), then on GPUs whose jobs leave underused (idle during synchronisation, or
-   busy at a fraction of the GPU while computing). What sharing a GPU costs each job
-   there is the measured interference model of the GPU's generation and `sharing`
-   mode, fed every worker's solo utilization (`scheduler.core.jobmodel.colocation_stretch`):
-   a GPU one job saturates predicts a loss for any guest, and a job whose utilization
-   is not known (on the cluster: not reported yet) is neither guest nor host. GPU
-   memory is never over-committed. A guest is placed only when the gain net of what
-   its hosts lose is at least `min_gain` GPUs, and yields at the next lease boundary
-   once a host's iteration takes more than `yield_slowdown` times as long as alone:
-   measured on the cluster where the host has run beside co-runners (the snapshot's
-   `colocated_slowdown`), else predicted; no guest joins a host measured past it.
+   set), then on GPUs whose jobs leave underused (idle during synchronisation, or busy
+   at a fraction of the GPU while computing). What sharing a GPU costs each job there
+   is the measured interference model of the GPU's generation and `sharing` mode, fed
+   every worker's solo utilization (`scheduler.core.jobmodel.colocation_stretch`): a
+   GPU one job saturates predicts a loss for any guest, and a job whose utilization is
+   not known (on the cluster: not reported yet) is neither guest nor host. GPU memory
+   is never over-committed. A job that needs `tail_share` of the drain time even at its
+   fastest size (it will still run when the cluster drains; the last such job ends the
+   workload) hosts only guests like it: what a guest that ends sooner anyway costs it
+   comes due at the end, for everyone, while beside another such job the pair ends
+   sooner together than one after the other. A guest is placed only when the gain net
+   of what its hosts lose is at least `min_gain` GPUs, and yields at the next lease
+   boundary once a host's iteration takes more than `yield_slowdown` times as long as
+   alone: measured on the cluster where the host has run beside co-runners (the
+   snapshot's `colocated_slowdown`), else predicted; no guest joins a host measured
+   past it.
 
 The steps are modules of this package: `ordering` (1), `sizing` and `growth` (2),
 `spb_choice` (3), `packing` (4); `params.JigsawParams` holds every constant named here,
@@ -98,7 +103,15 @@ from jigsaw import spb
 from scheduler.core.interference import fitted
 from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.snapshot import ClusterSnapshot, GPUView
-from scheduler.policies.jigsaw import growth, ordering, packing, resizing, sizing, spb_choice
+from scheduler.policies.jigsaw import (
+    growth,
+    ordering,
+    packing,
+    resizing,
+    sizing,
+    spb_choice,
+    speeds,
+)
 from scheduler.policies.jigsaw.layout import Layout, guests_of
 from scheduler.policies.jigsaw.params import CONFIGS, JigsawParams
 from scheduler.policies.placement import candidates
@@ -124,6 +137,9 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
     # 1. Order (and size: the shrink floor whose order and sizes end jobs soonest).
     paced = ordering.paced(snapshot, jobs, per_node, len(usable), params.pace_after_seconds)
     drain = ordering.drain_seconds(jobs, per_node, len(usable))
+    # The jobs that will still run when the cluster drains (the last of them ends the
+    # workload): they grow longest first and host only each other.
+    tail = {job.id for job in jobs if speeds.outlasts(job, per_node, drain * params.tail_share)}
     choices = []
     floors = sizing.shrink_floors(jobs, len(usable), params.efficiency_floors)
     for floor in floors:
@@ -151,7 +167,7 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
             usable,
             started,
             per_node,
-            drain * params.tail_share,
+            tail,
             params,
         )
         started, moved = [*started, *regrown], [*moved, *regrown]
@@ -159,7 +175,7 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
 
     # 3. Choose SPB configurations; 4. pack waiting jobs as guests.
     spb_choice.choose(layout, kept_guests, params)
-    started += packing.pack(ordered, base, layout, usable, params)
+    started += packing.pack(ordered, base, layout, usable, params, tail)
     return _plan(snapshot, layout, started, moved)
 
 

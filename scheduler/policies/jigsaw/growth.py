@@ -12,7 +12,6 @@ from scheduler.policies.jigsaw import resizing
 from scheduler.policies.jigsaw.layout import Layout, yields
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.policies.jigsaw.speeds import (
-    outlasts,
     per_gpu_values,
     remaining_on,
     remaining_seconds_at,
@@ -62,7 +61,7 @@ def grow(
     usable: dict[int, GPUView],
     started: list[int],
     per_node: int,
-    tail_seconds: float,
+    tail: set[int],
     params: JigsawParams,
 ) -> list[int]:
     """Grow placed jobs into the GPUs left free, in two passes, and return the running
@@ -70,10 +69,9 @@ def grow(
 
     Long jobs first grow only as far as they use GPUs well, so the jobs behind them
     grow too; then what is still idle goes as fast as it speeds jobs up. In the first
-    pass the jobs that need at least `tail_seconds` even at their fastest size (they
-    will still run when the cluster drains) grow longest first, so that they finish
-    together rather than one alone."""
-    tail_first = _tail_first(admitted, layout, per_node, tail_seconds)
+    pass the jobs of `tail` (they will still run when the cluster drains) grow longest
+    first, so that they finish together rather than one alone."""
+    tail_first = _tail_first(admitted, layout, tail)
     moved: list[int] = []
     for order, floor in ((tail_first, params.grow_floor), (admitted, 0.0)):
         growth = Growth(
@@ -150,19 +148,15 @@ def _spread(job: JobView, layout: Layout, per_node: int) -> bool:
     return held is not None and layout.nodes[job.id] > -(-len(held) // per_node)
 
 
-def _tail_first(
-    admitted: list[JobView], layout: Layout, per_node: int, threshold: float
-) -> list[JobView]:
-    """`admitted`, with the jobs that need at least `threshold` seconds even at their
-    fastest size (0: none) reordered among their own places, most time to go where
-    they are first."""
+def _tail_first(admitted: list[JobView], layout: Layout, tail: set[int]) -> list[JobView]:
+    """`admitted`, with the jobs of `tail` reordered among their own places, most time
+    to go where they are first."""
 
     def to_go(job: JobView) -> float:
         if job.id not in layout.gpus:
             return 0.0
         return remaining_on(job, len(layout.gpus[job.id]), layout.nodes[job.id])
 
-    tail = {job.id for job in admitted if outlasts(job, per_node, threshold)}
     longest = iter(sorted((job for job in admitted if job.id in tail), key=to_go, reverse=True))
     return [next(longest) if job.id in tail else job for job in admitted]
 

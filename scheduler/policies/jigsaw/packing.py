@@ -21,10 +21,15 @@ def pack(
     layout: Layout,
     usable: dict[int, GPUView],
     params: JigsawParams,
+    tail: set[int],
 ) -> list[int]:
     """Place waiting jobs (at their base size) as guests, in order, up to
     `max_guests` tried and until `max_failures` in a row find no place; the guests
-    placed."""
+    placed. The jobs of `tail` (they will still run when the cluster drains: the last
+    of them ends the workload) host only guests of the tail too: what a guest that
+    would end sooner anyway costs them comes due at the end, for everyone, while its
+    gain is now; beside another job of the tail, the pair ends sooner together than
+    one after the other (where the model predicts a gain)."""
     waiting = [
         job
         for job in ordered
@@ -34,11 +39,11 @@ def pack(
         and job.model.utilization is not None
         and job.workers <= len(usable)
     ]
-    rooms = _Rooms(layout, usable, params.configs)
+    rooms = _Rooms(layout, usable, params.configs, tail)
     placed: list[int] = []
     failures = 0
     for job in waiting[: params.max_guests]:
-        if _pack_one(rooms, job, base[job.id], params):
+        if _pack_one(rooms, job, base[job.id], params, job.id in tail):
             placed.append(job.id)
             failures = 0
         else:
@@ -60,7 +65,8 @@ class _Rooms:
     layout: Layout
     usable: dict[int, GPUView]
     configs: tuple[SPBConfig, ...]
-    ranked: dict[bool, list[tuple[float, int, int, int]]] = field(default_factory=dict)
+    tail: set[int]  # jobs that host guests of the tail only
+    ranked: dict[bool, list[tuple[float, int, int, int, bool]]] = field(default_factory=dict)
     taken: set[int] = field(default_factory=set)
 
     def hosting(self) -> dict[int, SPBConfig | None]:
@@ -70,14 +76,14 @@ class _Rooms:
         }
         return {h: c for h, c in switched.items() if c != self.layout.config[h]}
 
-    def rank(self, switch: bool) -> list[tuple[float, int, int, int]]:
+    def rank(self, switch: bool) -> list[tuple[float, int, int, int, bool]]:
         if switch not in self.ranked:
             layout = self.layout
             changed = self.hosting() if switch else {}
             saved = {h: layout.config[h] for h in changed}
             layout.config.update(changed)
             entries = [
-                (0.0, layout.node_of[gpu], gpu, 0)
+                (0.0, layout.node_of[gpu], gpu, 0, False)
                 for gpu in self.usable
                 if not layout.on_gpu.get(gpu)
             ]
@@ -87,11 +93,11 @@ class _Rooms:
             self.ranked[switch] = entries
         return self.ranked[switch]
 
-    def _shared_entries(self) -> list[tuple[float, int, int, int]]:
-        """(utilization, node, GPU, memory used) of each usable GPU one job of known
-        utilization holds. A job's memory there is what it may use, its cap (what the
-        GPU's agent counts) where that is more than the model says it needs: a guest
-        beyond the cap's room would be refused."""
+    def _shared_entries(self) -> list[tuple[float, int, int, int, bool]]:
+        """(utilization, node, GPU, memory used, whether of the tail) of each usable
+        GPU one job of known utilization holds. A job's memory there is what it may use,
+        its cap (what the GPU's agent counts) where that is more than the model says it
+        needs: a guest beyond the cap's room would be refused."""
         layout = self.layout
         entries = []
         for job_id, gpus in layout.gpus.items():
@@ -103,14 +109,15 @@ class _Rooms:
                 if gpu in self.usable and len(layout.on_gpu[gpu]) == 1:
                     node = layout.node_of[gpu]
                     used = max(shape.worker_memory_bytes[rank], cap)
-                    entries.append((shape.utilizations[rank], node, gpu, used))
+                    tail = job_id in self.tail
+                    entries.append((shape.utilizations[rank], node, gpu, used, tail))
         return entries
 
-    def choose(self, size: int, need: int, switch: bool) -> tuple[int, ...] | None:
+    def choose(self, size: int, need: int, switch: bool, of_tail: bool) -> tuple[int, ...] | None:
         chosen = []
         memory = self.layout.memory_of
-        for _, _, gpu, used in self.rank(switch):
-            if gpu in self.taken or used + need > memory[gpu]:
+        for _, _, gpu, used, tail in self.rank(switch):
+            if gpu in self.taken or used + need > memory[gpu] or (tail and not of_tail):
                 continue
             chosen.append(gpu)
             if len(chosen) == size:
@@ -118,16 +125,16 @@ class _Rooms:
         return None
 
 
-def _pack_one(rooms: _Rooms, job: JobView, size: int, params: JigsawParams) -> bool:
+def _pack_one(rooms: _Rooms, job: JobView, size: int, params: JigsawParams, of_tail: bool) -> bool:
     """Place `job` as a guest where it adds the most, if it adds at least `min_gain`
-    useful GPUs per GPU it takes."""
+    useful GPUs per GPU it takes (beside jobs of the tail only if it is one)."""
     assert job.model is not None
     layout = rooms.layout
     guest = job.model.shape(own_config(job), size, 1)
     need = max(guest.worker_memory_bytes)
     best: tuple[float, tuple[int, ...], dict[int, SPBConfig | None]] | None = None
     for switch in (False, True) if params.spb_enabled else (False,):
-        choice = rooms.choose(size, need, switch)
+        choice = rooms.choose(size, need, switch, of_tail)
         if choice is None:
             continue
         touched = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}

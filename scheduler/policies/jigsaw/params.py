@@ -127,7 +127,7 @@ class JigsawParams(BaseModel):
         default=0.45,
         ge=0.0,
         description="Jobs needing this share of the drain time even at their fastest size "
-        "grow longest first in the first pass (0: in order).",
+        "grow longest first in the first pass and host no guest (0: none such).",
     )
     pace_after_seconds: float = Field(
         default=3600.0,
