@@ -44,6 +44,11 @@ def test_an_elastic_job_grows_into_idle_gpus_only_for_more_than_the_move_costs()
         plan = jigsaw.schedule(snap(cluster, replace(small, resize_seconds=cost)), NO_MARGIN)
         assert [len(r.gpu_ids) for r in plan.resize] == ([4] if grows else []), cost
         assert (plan.start, plan.suspend) == ((), ())
+    # No resize measured yet: a start stands for it (a resize restarts the gang).
+    unmeasured = replace(small, resize_seconds=None)
+    for start, grows in ((30.0, True), (301.0, False)):
+        plan = jigsaw.schedule(snap(cluster, replace(unmeasured, start_seconds=start)), NO_MARGIN)
+        assert [len(r.gpu_ids) for r in plan.resize] == ([4] if grows else []), start
     # The margin still holds beside the cost: 300 s saved is not 600.
     plan = jigsaw.schedule(snap(cluster, replace(small, resize_seconds=30.0)))
     assert plan.resize == ()

@@ -82,7 +82,7 @@ class JobView:
     # What moving it to another size is expected to cost in seconds (the checkpoint,
     # the restart, the time no iteration runs): on the cluster the mean of the measured
     # `resized` events (its own, else the cluster's recent ones), in the simulator its
-    # restart; None: not known, and charged as nothing.
+    # restart; None: not known, and charged as a start (`start_seconds`).
     resize_seconds: float | None = None
     # What starting it (again) is expected to cost, from placement to its first iteration:
     # on the cluster the mean of the recent starts measured there; None (the simulator,

@@ -13,8 +13,13 @@ from scheduler.policies.jigsaw.layout import Layout
 
 def cost(job: JobView) -> float:
     """Seconds a move costs the job (the checkpoint, the restart, the iterations not
-    run meanwhile): measured on the cluster, the restart in the simulator; 0 unknown."""
-    return job.resize_seconds or 0.0
+    run meanwhile): measured on the cluster, the restart in the simulator. Before any
+    resize is measured, a start (a resize restarts the gang; charging nothing took a
+    one-minute job's first growth for free, and it paid 20-30 s); 0 when neither is
+    known."""
+    if job.resize_seconds is not None:
+        return job.resize_seconds
+    return job.start_seconds or 0.0
 
 
 def batch(layout: Layout, job_id: int) -> int:
