@@ -90,17 +90,19 @@ did not succeed with every iteration, or whose new gang did not resume at the bo
 its resize checkpointed at.
 """
 
-MARKDOWN_TAIL = """Reading: the jobs here last about a minute, and 2 virtual GPUs on a shared 2-core
-machine train little faster than 1, so a resize has little to gain and its restart to
-pay (a cold restart starts the new gang's processes and imports torch under the
-machine's load; the warm pool takes most of that away). `fifo-elastic` resizes whatever
-it costs. JigSaw's first growth is taken on the fitted model's optimism (one size
-measured: synchronisation not yet seen costs nothing, as in Pollux), and from then on
-it knows the job's speed at both sizes and the resize's measured cost, and grows only
-for more than that cost; the shrink for a newcomer is not charged (the alternative is
-to suspend the job or keep the newcomer waiting). The table's seconds are this
-machine's; that the jobs all succeeded with no iteration lost across resizes holds
-anywhere.
+MARKDOWN_TAIL = """Reading: the jobs here last seconds to a minute (with the machine's load), and 2
+virtual GPUs on a shared 2-core machine train little faster than 1, so a resize has
+little to gain and its restart to pay (a cold restart starts the new gang's processes
+and imports torch under the machine's load; the warm pool takes most of that away).
+`fifo-elastic` resizes whatever it costs. JigSaw charges a move it has not measured yet
+as a start (the cluster's measured starts; `resizing.cost`): the fitted model's first
+prediction is optimistic (one size measured: synchronisation not yet seen costs
+nothing, as in Pollux), and charged nothing, that growth was taken and cost the jobs
+(jigsaw-elastic at 1.91x jigsaw-fixed's makespan, 2026-11-25). Once a resize is
+measured it grows only for more than that cost; the shrink for a newcomer is not
+charged (the alternative is to suspend the job or keep the newcomer waiting). The
+table's seconds are this machine's; that the jobs all succeeded with no iteration lost
+across resizes holds anywhere.
 """
 
 
