@@ -9,7 +9,7 @@ without packing (`max_guests=0`), without SPB (`spb_enabled=False`), and without
 workload and GPU. `median_utilization` is the median solo utilization the interference
 model reads for the workload's jobs (at the size they asked for): a GPU whose job keeps
 it busier than about 0.6 predicts a loss for any guest, so little is packed there.
-Deterministic; about 10 minutes on 2 busy cores.
+Deterministic; under a minute on 2 cores.
 
     python -m benchmarks.packing_sim [--json | --markdown]
 """
