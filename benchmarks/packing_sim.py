@@ -9,9 +9,11 @@ without packing (`max_guests=0`), without SPB (`spb_enabled=False`), and without
 workload and GPU. `median_utilization` is the median solo utilization the interference
 model reads for the workload's jobs (at the size they asked for): a GPU whose job keeps
 it busier than about 0.6 predicts a loss for any guest, so little is packed there.
+`--sharing mps` runs both the simulator's charge and the policy's prediction with the
+interference fits of GPUs shared under CUDA MPS instead of time slicing.
 Deterministic; under a minute on 2 cores.
 
-    python -m benchmarks.packing_sim [--json | --markdown]
+    python -m benchmarks.packing_sim [--sharing time-slicing|mps] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import add_output_options, emit
+from scheduler.core.interference import Sharing
 from scheduler.policies import jigsaw
 from scheduler.policies.jigsaw import JigsawParams
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
@@ -51,16 +54,16 @@ COLUMNS = {
 }
 
 
-def run(gpu: SimGPU) -> list[dict[str, Any]]:
-    """Every variant on every workload on `gpu`."""
+def run(gpu: SimGPU, sharing: Sharing = Sharing.TIME_SLICING) -> list[dict[str, Any]]:
+    """Every variant on every workload on `gpu`, co-located jobs sharing it by `sharing`."""
     cluster = ClusterShape.parse("16x4", MEMORY_GIB[gpu])
-    options = SimOptions(zero_arrivals=True, gpu=gpu)
+    options = SimOptions(zero_arrivals=True, gpu=gpu, sharing=sharing)
     rows = []
     for workload in load_workloads(WORKLOADS):
         by_variant = {}
         utilization = 0.0
         for name, params in VARIANTS.items():
-            policy = partial(jigsaw.schedule, params=params)
+            policy = partial(jigsaw.schedule, params=params.model_copy(update={"sharing": sharing}))
             simulator = Simulator(workload.jobs, cluster, policy, options=options)
             by_variant[name] = summarize(simulator.run())
             utilization = statistics.median(
@@ -89,12 +92,20 @@ def run(gpu: SimGPU) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sharing",
+        type=Sharing,
+        choices=list(Sharing),
+        default=Sharing.TIME_SLICING,
+        help="how co-located jobs share a GPU (default: time-slicing)",
+    )
     add_output_options(parser)
     args = parser.parse_args()
     if not WORKLOADS.is_dir():
         parser.error(f"{WORKLOADS} not found: the Pollux traces live in ../shared/traces")
     for gpu in SimGPU:
-        emit(run(gpu), f"JigSaw's packing and SPB ablation, 16x4 {gpu}", args.output, COLUMNS)
+        title = f"JigSaw's packing and SPB ablation, 16x4 {gpu}, {args.sharing}"
+        emit(run(gpu, args.sharing), title, args.output, COLUMNS)
 
 
 if __name__ == "__main__":
