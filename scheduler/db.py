@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -21,7 +23,7 @@ def _set_sqlite_pragmas(busy_timeout_ms: int) -> Any:
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
         # WAL lets the API read while the scheduler writes (one writer, many readers).
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _journal_to_wal(cursor, time.monotonic() + busy_timeout_ms / 1000)
         # SQLite ignores FOREIGN KEY clauses unless asked, per connection.
         cursor.execute("PRAGMA foreign_keys=ON")
         # Writers from the API and the scheduler queue for the lock instead of failing
@@ -33,6 +35,22 @@ def _set_sqlite_pragmas(busy_timeout_ms: int) -> Any:
         cursor.close()
 
     return on_connect
+
+
+def _journal_to_wal(cursor: Any, deadline: float) -> None:
+    """Set WAL mode, waiting for it until `deadline`. Switching a fresh database needs
+    its exclusive lock, and SQLite answers "database is locked" at once, without the
+    busy handler, while another connection writes in rollback mode or switches too (a
+    deadlock it will not wait on): two processes opening a new database together met
+    it (`tests/test_migrations.py`), so a refused switch is tried again."""
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _private_sqlite_file(path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+from pathlib import Path
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -52,6 +54,35 @@ def test_concurrent_upgrades_migrate_once(db_url: str) -> None:
     assert current_revision(engines[0]) == head_revision(engines[0])
     for e in engines:
         e.dispose()
+
+
+def test_a_new_sqlite_database_waits_to_switch_to_wal_while_another_writes(
+    tmp_path: Path,
+) -> None:
+    """SQLite refuses the switch at once, without its busy handler, while another
+    connection writes in rollback mode: the concurrent upgrade above met it."""
+    path = tmp_path / "jigsaw.db"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("CREATE TABLE t (i INTEGER)")
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("INSERT INTO t VALUES (1)")
+    outcome: list[object] = []
+
+    def connect() -> None:
+        try:
+            with make_engine(f"sqlite:///{path}").connect() as connection:
+                outcome.append(connection.exec_driver_sql("PRAGMA journal_mode").scalar())
+        except Exception as exc:  # noqa: BLE001 - surfaced by the assert below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=connect)
+    thread.start()
+    thread.join(timeout=0.5)
+    assert thread.is_alive() and outcome == []  # waiting, not refused
+    writer.execute("COMMIT")
+    thread.join()
+    writer.close()
+    assert outcome == ["wal"]
 
 
 def test_suspensions_recorded_as_messages_get_who_suspended_them(db_url: str) -> None:
