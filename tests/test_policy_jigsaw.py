@@ -440,8 +440,11 @@ def test_a_gang_spread_over_nodes_moves_to_fewer_nodes_where_that_is_faster() ->
     # A third node is free: it keeps its four workers, there.
     plan = jigsaw.schedule(snap(nodes(3, 4, held=held), spread, *others))
     assert [p.gpu_ids for p in plan.start] == [(300, 301, 302, 303)]
-    # On one node already, it never shrinks to run faster elsewhere.
-    compact = job(1, 4, gathers, state=JobState.RUNNING, gpus=(100, 101, 102, 103))
+    # A gang on one node only grows, even where fewer GPUs would be faster.
+    narrower = JobModel(
+        iterations_total=10_000, workers=4, steps={4: {1: (1.0, 0.0)}, 2: {1: (0.8, 0.0)}}
+    )
+    compact = job(1, 4, narrower, state=JobState.RUNNING, gpus=(100, 101, 102, 103))
     held = dict.fromkeys((100, 101, 102, 103), 1)
     assert jigsaw.schedule(snap(nodes(2, 4, held=held), compact)) == Plan()
 

@@ -277,25 +277,18 @@ def caps_to_lower(session: Session, *, headroom: float, settle: int, recent: int
     and nothing fits beside it until this lowers it. Only runs at full backprop: a
     partial SPB worker needs less than it will again once reconfigured. Two queries,
     whatever the number of jobs."""
-    runs: dict[int, tuple[float, datetime]] = {}
+    caps: dict[int, float] = {}  # job -> its ranks' least cap
     partial: set[int] = set()
-    for job_id, cap, whole, placed, config in session.execute(
-        select(
-            Allocation.job_id,
-            Allocation.memory_bytes,
-            GPU.memory_bytes,
-            Allocation.created_at,
-            Allocation.spb,
-        )
+    for job_id, cap, whole, config in session.execute(
+        select(Allocation.job_id, Allocation.memory_bytes, GPU.memory_bytes, Allocation.spb)
         .join(GPU, GPU.id == Allocation.gpu_id)
         .join(Job, Job.id == Allocation.job_id)
         .where(Allocation.released_at.is_(None), Job.state == JobState.RUNNING.value)
     ):
         if spb.resolve(config) is not None:
             partial.add(job_id)
-        held, since = runs.get(job_id, (math.inf, placed))
-        runs[job_id] = (min(held, cap or whole), min(since, placed))
-    candidates = [job_id for job_id in runs if job_id not in partial]
+        caps[job_id] = min(caps.get(job_id, math.inf), cap or whole)
+    candidates = [job_id for job_id in caps if job_id not in partial]
     if not candidates:
         return {}
     placed_at = (
@@ -316,7 +309,7 @@ def caps_to_lower(session: Session, *, headroom: float, settle: int, recent: int
         .group_by(IterationMetric.job_id)
     ):
         need = allowance(int(peak or 0), headroom)
-        if count >= settle and peak and 2 * need <= runs[job_id][0]:
+        if count >= settle and peak and 2 * need <= caps[job_id]:
             lowered[job_id] = need
     return lowered
 
