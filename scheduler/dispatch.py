@@ -49,6 +49,7 @@ class RunOutcome(StrEnum):
     SUSPENDED = "suspended"  # checkpointed and exited, as asked
     STOPPED = "stopped"  # exited as asked, without a checkpoint
     REFUSED = "refused"  # never started: no room on a GPU it would share (requeued)
+    SHRUNK = "shrunk"  # shrank in place as asked: the run goes on, on `Report.ranks`
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,9 @@ class Report:
     outcome: RunOutcome = RunOutcome.RUNNING
     message: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    # SHRUNK: the node the run is on, and its GPU indices there by rank now.
+    node: str = ""
+    ranks: tuple[int, ...] = ()
 
 
 class Dispatcher(Protocol):
@@ -77,6 +81,13 @@ class Dispatcher(Protocol):
 
     def suspend(self, job_id: int) -> None:
         """Checkpoint at the next iteration boundary, then end the job's processes."""
+        ...
+
+    def shrink(self, launch: Launch) -> bool:
+        """Shrink the running job in place at its next boundary to `launch` (fewer of its
+        GPUs on its one node, its rank 0's kept; the attempt it runs): a SHRUNK report
+        follows once the ranks that leave are gone. False when it cannot be asked so (the
+        caller resizes the job by a restart); an agent that cannot do it suspends it."""
         ...
 
     def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:
@@ -165,6 +176,9 @@ class SimulatedDispatcher:
         run = self._runs.pop(job_id, None)
         if run is not None:
             self._suspended.append(Report(job_id, int(run.iterations), RunOutcome.SUSPENDED))
+
+    def shrink(self, launch: Launch) -> bool:
+        return False  # simulated runs resize by a restart
 
     def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:
         # Simulated runs train at one speed whatever their configuration.

@@ -48,12 +48,13 @@ from scheduler.models import queues as queue_models
 from scheduler.models import resizes as resize_models
 from scheduler.models import starts as start_models
 from scheduler.models.nodes import on_drained_node, suspended_to_requeue
+from scheduler.models.resizes import IN_PLACE, RESTART
 from scheduler.models.rounds import prune_rounds, record_round
 from scheduler.models.snapshot import build_snapshot
 from scheduler.models.states import transition
 from scheduler.orm import Job, utcnow
 from scheduler.policies import get_policy
-from scheduler.resize import PendingResize
+from scheduler.resize import PendingResize, in_place
 from scheduler.resize import refusal as resize_refusal
 from scheduler.settings import SchedulerSettings
 from scheduler.telemetry import SchedulerTelemetry
@@ -265,6 +266,9 @@ class SchedulerService:
                 if job is None or job.state != JobState.RUNNING:
                     continue
                 job.iterations_done = max(job.iterations_done, report.iterations_done)
+                if report.outcome is RunOutcome.SHRUNK:
+                    self._shrunk(session, job, report, now)
+                    continue
                 if report.metrics:
                     job.metrics = dict(report.metrics)
                 if self._end(session, job, report):
@@ -692,28 +696,87 @@ class SchedulerService:
     # -- resizes (scheduler/resize.py) ------------------------------------------------
 
     def _ask_resizes(self, resizes: Iterable[Resize], now: datetime) -> None:
-        """Ask each running elastic job to checkpoint at its next boundary."""
+        """Ask each running elastic job to shrink in place at its next boundary where it
+        can (`scheduler.resize.in_place`), else to checkpoint there for a restart."""
         for resize in resizes:
             if resize.job_id in self._resizing:
                 continue
             with transaction(self._factory) as session:
                 job = session.get(Job, resize.job_id)
-                held = resize_models.held_gpus(session, resize.job_id)
+                attempt, gang = resize_models.gang(session, resize.job_id)
                 why = (
                     "not running"
                     if job is None or job.state != JobState.RUNNING
-                    else resize_refusal(job.spec, len(held), resize)
+                    else resize_refusal(job.spec, len(gang), resize)
                 )
                 if why is not None or job is None:
                     logger.info("not resizing job %d: %s", resize.job_id, why)
                     self._conflicts += 1
                     continue
                 resize_models.record_asked(
-                    session, job.id, resize.gpu_ids, len(held), actor=ACTOR, now=now
+                    session, job.id, resize.gpu_ids, len(gang), actor=ACTOR, now=now
                 )
-            self._resizing[resize.job_id] = PendingResize(resize, from_workers=len(held))
-            self._decide(rounds.RESIZE, resize.job_id, gpus=len(resize.gpu_ids), held=len(held))
-            self._command(self._dispatcher.suspend, [resize.job_id])
+                smaller = in_place(gang, resize)
+                launch = (
+                    Launch(
+                        job_id=job.id,
+                        spec=dict(job.spec),
+                        workers=smaller,
+                        spb={},
+                        start_iteration=job.iterations_done,
+                        lease_iterations=self._settings.lease_iterations,
+                        attempt=attempt,
+                        global_batch=resize.global_batch,
+                    )
+                    if smaller is not None
+                    else None
+                )
+            pending = PendingResize(resize, from_workers=len(gang))
+            if launch is not None and self._shrinks(launch):
+                kept = tuple(worker.gpu_id for worker in launch.workers)
+                pending = replace(pending, resize=replace(resize, gpu_ids=kept), mechanism=IN_PLACE)
+            else:
+                self._command(self._dispatcher.suspend, [resize.job_id])
+            self._resizing[resize.job_id] = pending
+            self._decide(
+                rounds.RESIZE,
+                resize.job_id,
+                gpus=len(resize.gpu_ids),
+                held=len(gang),
+                mechanism=pending.mechanism,
+            )
+
+    def _shrinks(self, launch: Launch) -> bool:
+        """Whether the dispatcher asked the job to shrink in place."""
+        try:
+            return self._dispatcher.shrink(launch)
+        except Exception:
+            logger.exception(
+                "asking job %d to shrink in place failed: resizing it by a restart",
+                launch.job_id,
+                extra={"job_id": launch.job_id},
+            )
+            return False
+
+    def _shrunk(self, session: Session, job: Job, report: Report, now: datetime) -> None:
+        """Apply an in-place shrink: the GPUs left are free, the resize's cost is measured
+        once the smaller gang reports (`_measure_resizes`)."""
+        changed = resize_models.shrink(session, job.id, report.node, report.ranks, now)
+        pending = self._resizing.pop(job.id, None)
+        if changed is None:
+            logger.warning(
+                "job %d: shrink to GPUs %s of %s is not of the GPUs it holds: ignored",
+                job.id,
+                list(report.ranks),
+                report.node,
+                extra={"job_id": job.id},
+            )
+            return
+        held, kept = changed
+        resize = pending.resize if pending is not None else Resize(job.id, kept)
+        self._measuring[job.id] = PendingResize(
+            replace(resize, gpu_ids=kept), held, report.iterations_done, IN_PLACE
+        )
 
     def _relaunch_resized(self, now: datetime) -> int:
         """Place the jobs that checkpointed for a resize on their new gang, once all their
@@ -760,7 +823,7 @@ class SchedulerService:
                 global_batch=pending.resize.global_batch,
             )
             if self._launch(launch, now):
-                self._measuring[job_id] = replace(pending, boundary=iteration)
+                self._measuring[job_id] = replace(pending, boundary=iteration, mechanism=RESTART)
                 launched += 1
         return launched
 
@@ -781,7 +844,7 @@ class SchedulerService:
                     "iteration": pending.boundary,
                     "seconds": seconds,
                     "global_batch": pending.resize.global_batch or None,
-                    "mechanism": "checkpoint-restart",
+                    "mechanism": pending.mechanism,
                 }
                 resize_models.record_resized(session, job_id, details, actor=ACTOR, now=now)
             del self._measuring[job_id]

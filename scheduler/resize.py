@@ -1,6 +1,13 @@
-"""Resizing a running elastic job: checkpoint at the boundary, restart on the new gang.
+"""Resizing a running elastic job: in place, or checkpoint at the boundary and restart
+on the new gang.
 
-The loop applies a plan's `Resize` in three steps across rounds (`SchedulerService`):
+A shrink to some of the GPUs of a gang on one node that keeps its rank 0's GPU happens
+in place (`in_place`): the dispatcher asks the agent, whose ranks checkpoint at the
+boundary and go on in the same processes, or leave; its SHRUNK report gives back the
+GPUs left and the cost is measured as below. Every other resize, and one the agent
+cannot do in place (it suspends the job instead), is a restart.
+
+The loop applies a restart in three steps across rounds (`SchedulerService`):
 it asks the job's processes to suspend, keeping the job RUNNING on its old GPUs (a
 shrink's GPUs stay its own until they are free); when they have checkpointed and
 exited, it queues the job and at once places it on the new GPUs, resuming from the
@@ -10,14 +17,14 @@ resizes live in the leader's memory: after a failover a job still running is ask
 nothing more, and one already checkpointed is requeued (as a drained node's jobs are)
 and placed again by the policy.
 
-Checkpoint-restart, not re-forming the process group in place: it always works (ranks
-that move, a rank that fails to start, crash recovery); in place, measured cheaper
-(docs/results/resize-mechanism.md), is the fast path still to build for ranks that stay.
+Checkpoint-restart always works (ranks that move, a rank that fails to start, crash
+recovery); in place, measured cheaper (docs/results/resize-mechanism.md), is the fast
+path where the ranks that stay keep their GPUs and no rank joins.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,13 +32,32 @@ from pydantic import ValidationError
 from jigsaw import elastic
 from jigsaw.jobspec import JobSpec
 from scheduler.core.plan import Resize
+from scheduler.dispatch import Worker
+from scheduler.models.resizes import RESTART
 
 
 @dataclass(frozen=True)
 class PendingResize:
     resize: Resize
     from_workers: int
-    boundary: int = 0  # the iteration the old gang checkpointed at, once relaunched
+    boundary: int = 0  # the iteration the old gang checkpointed at, once resumed
+    mechanism: str = RESTART
+
+
+def in_place(gang: tuple[Worker, ...], resize: Resize) -> tuple[Worker, ...] | None:
+    """The smaller gang, its ranks in the order they had, when `resize` shrinks `gang`
+    (by rank) to some of its GPUs on its one node, its rank 0's among them; else None."""
+    new = set(resize.gpu_ids)
+    if (
+        not gang
+        or len({worker.node_name for worker in gang}) != 1
+        or gang[0].gpu_id not in new
+        or not new < {worker.gpu_id for worker in gang}
+        or len(new) != len(resize.gpu_ids)
+    ):
+        return None
+    kept = [worker for worker in gang if worker.gpu_id in new]
+    return tuple(replace(worker, rank=rank) for rank, worker in enumerate(kept))
 
 
 def refusal(spec_json: dict[str, Any], workers_now: int, resize: Resize) -> str | None:

@@ -369,3 +369,88 @@ def test_the_outbox_sends_a_runs_first_records_at_once() -> None:
     outbox.put(first)  # a new run of the job (a resume) starts at once again
     message = outbox.next_message(0, never)
     assert message is not None and message.HasField("reports")
+
+
+def _elastic(job_id: int, checkpoints: Path, **fields: Any) -> agent_pb2.LaunchCommand:
+    """A 2-rank elastic job that may run on 1 (global batch 64: 2 x 32, or 1 x 32 x 2)."""
+    spec = {"max_iterations": _BIG, "workers": 2, "elastic": {"min_workers": 1, "max_workers": 2}}
+    return _launch(job_id, spec=spec, checkpoint_dir=str(checkpoints), attempt=4, **fields)
+
+
+def _gone_soon(pid: int) -> None:
+    deadline = time.monotonic() + _MESSAGE_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not exit")
+
+
+def test_a_job_shrinks_in_place_in_the_same_process_and_frees_the_gpu_it_left(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    launch = _elastic(8, tmp_path / "checkpoints")
+    _start(supervisor, launch)
+    pids = supervisor.pids(8)
+    before = _until(supervisor, _is_report)
+
+    # The new gang as a restart would be launched: rank 0 alone, on its GPU, same attempt.
+    smaller = agent_pb2.LaunchCommand()
+    smaller.CopyFrom(launch)
+    del smaller.ranks[1:]
+    smaller.world_size, smaller.master_port = 1, free_port()
+    supervisor.shrink(wire.job_launch(smaller, supervisor.node))
+    seen = _until(supervisor, lambda m: isinstance(m, agent_pb2.JobShrunk))
+    shrunk = seen[-1]
+    assert isinstance(shrunk, agent_pb2.JobShrunk)
+    assert (shrunk.job_id, shrunk.attempt) == (8, 4)
+    assert [(a.rank, a.gpu_index) for a in shrunk.ranks] == [(0, 0)]
+    assert supervisor.runs() == {8: (4, {0: 0})} and supervisor.pids(8) == {0: pids[0]}
+    _gone_soon(pids[1])
+
+    # It trains on from the checkpoint of the boundary, one worker, in the same process.
+    after = _until(
+        supervisor,
+        lambda m: _is_report(m) and m.records[-1].iteration > shrunk.iteration + 2,
+    )
+    records = [r for m in before + seen + after if _is_report(m) for r in m.records]
+    iterations = [r.iteration for r in records]
+    assert iterations == list(range(1, iterations[-1] + 1))
+    assert {r.workers for r in records if r.iteration > shrunk.iteration} == {1}
+    assert {r.workers for r in records if r.iteration <= shrunk.iteration} == {2}
+    assert not any(isinstance(m, agent_pb2.JobExit) for m in seen + after)
+    state = torch.load(tmp_path / "checkpoints" / CHECKPOINT_FILE, weights_only=True)
+    assert state["iteration"] == shrunk.iteration
+    log = (tmp_path / "agent/job-8/rank-0.log").read_text()
+    assert f"resumed from the checkpoint at iteration {shrunk.iteration}" in log
+
+    # The GPU it left takes another job (it held the whole GPU: no memory cap).
+    _start(supervisor, _launch(9, ranks=((0, 1),)))
+    _, other = _until_exit(supervisor, 9)
+    assert other.outcome == agent_pb2.OUTCOME_SUCCEEDED
+    supervisor.suspend(8)
+    _, end = _until_exit(supervisor, 8)
+    assert (end.outcome, end.exit_code, end.attempt) == (agent_pb2.OUTCOME_SUSPENDED, 3, 4)
+    _assert_gone(pids)
+
+
+def test_a_shrink_that_cannot_happen_in_place_suspends_the_job(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    """Rank 0's GPU would not be kept: the job checkpoints and exits, for a restart."""
+    launch = _elastic(10, tmp_path / "checkpoints")
+    _start(supervisor, launch)
+    _until(supervisor, _is_report)
+    elsewhere = agent_pb2.LaunchCommand()
+    elsewhere.CopyFrom(launch)
+    del elsewhere.ranks[:]
+    elsewhere.ranks.add(rank=0, gpu_index=1)
+    elsewhere.world_size = 1
+    supervisor.shrink(wire.job_launch(elsewhere, supervisor.node))
+    seen, end = _until_exit(supervisor, 10)
+    assert end.outcome == agent_pb2.OUTCOME_SUSPENDED
+    assert not any(isinstance(m, agent_pb2.JobShrunk) for m in seen)
+    state = torch.load(tmp_path / "checkpoints" / CHECKPOINT_FILE, weights_only=True)
+    assert state["iteration"] == end.iteration

@@ -81,6 +81,37 @@ def test_a_job_resized_at_a_boundary_ends_as_an_unresized_run(
     _assert_same_state(_state(straight[0]), _state(tmp_path))
 
 
+def test_a_job_shrunk_in_place_goes_on_in_the_same_processes_and_ends_as_an_unresized_run(
+    tmp_path: Path, straight: tuple[Path, list[IterationRecord]]
+) -> None:
+    """4 ranks at iteration 5 become 2 without a process starting: ranks 0 and 3 form the
+    new group (3 renumbered 1, on a new port) from the boundary's checkpoint, 1 and 2
+    leave."""
+    configs = worker_configs(4, checkpoint_dir=tmp_path, attempt=1, **_FIELDS)
+    smaller = worker_configs(2, checkpoint_dir=tmp_path, attempt=1, **_FIELDS)
+    assert smaller[0].master_port != configs[0].master_port
+    controllers = run_gang(
+        configs,
+        [
+            LocalController(shrink_at=RESIZE_AT, shrink_to=smaller[0]),
+            LocalController(),
+            LocalController(),
+            LocalController(shrink_to=smaller[1]),
+        ],
+    )
+    assert [c.shrunk_at for c in controllers] == [RESIZE_AT] * 4
+    outcomes = [c.status.outcome if c.status is not None else None for c in controllers]
+    assert outcomes == [Outcome.SUCCEEDED, Outcome.LEFT, Outcome.LEFT, Outcome.SUCCEEDED]
+    records = controllers[0].records
+    # No iteration lost or repeated, and the same process (no new start) trained on.
+    assert [r.iteration for r in records] == list(range(1, ITERATIONS + 1))
+    assert [r.workers for r in records] == [4] * RESIZE_AT + [2] * (ITERATIONS - RESIZE_AT)
+    # The smaller gang's first boundary is the shrink's: asked again, in the same process.
+    assert controllers[0].checks.count(RESIZE_AT) == 2
+    assert {r.batch_size for r in records} == {64}
+    _assert_same_state(_state(straight[0]), _state(tmp_path))
+
+
 def test_another_global_batch_would_be_seen(
     tmp_path: Path, straight: tuple[Path, list[IterationRecord]]
 ) -> None:

@@ -1,11 +1,12 @@
 """A plan's Resize through the real loop and database (simulated dispatcher): the job
 checkpoints at its boundary, is relaunched on the new gang with a `resized` event, and
-resizes that cannot be done are refused; a resize a failed-over leader forgot is
-requeued, not stranded."""
+resizes that cannot be done are refused; a shrink to some of a one-node gang's GPUs is
+asked in place and its SHRUNK report frees the GPUs left; a resize a failed-over leader
+forgot is requeued, not stranded."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, select, update
@@ -16,12 +17,20 @@ from scheduler.core.plan import Plan, Resize
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.core.states import JobState, SuspendedBy
 from scheduler.db import session_factory, transaction
-from scheduler.dispatch import Command, SimulatedDispatcher
+from scheduler.dispatch import (
+    Command,
+    Launch,
+    Report,
+    RunOutcome,
+    SimulatedDispatcher,
+    Worker,
+)
 from scheduler.loop import SchedulerService
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, IterationMetric, Job
 from scheduler.policies import POLICIES, fifo
+from scheduler.resize import in_place
 from tests.test_scheduler_loop import SETTINGS, T0, add_nodes, events, held_gpus, state
 
 
@@ -107,6 +116,102 @@ def test_a_resize_checkpoints_relaunches_on_the_new_gang_and_records_its_cost(
     assert [d.kind for d in relaunched.decisions] == ["lease", "resized"]
     loop.run_round(T0 + timedelta(seconds=6))
     assert len(events(factory, "resized")) == 1  # once
+
+
+class Shrinking(SimulatedDispatcher):
+    """Takes in-place shrinks; the test reports them done, as an agent would."""
+
+    def __init__(self) -> None:
+        super().__init__(iterations_per_second=10)
+        self.shrinks: list[Launch] = []
+        self.pending: list[Report] = []
+
+    def shrink(self, launch: Launch) -> bool:
+        self.shrinks.append(launch)
+        return True
+
+    def poll(self, now: datetime) -> list[Report]:
+        reports, self.pending = [*super().poll(now), *self.pending], []
+        return reports
+
+
+def test_a_shrink_on_one_node_is_asked_in_place_and_its_report_frees_the_gpus_left(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_nodes(factory, {"a": 3})
+    job_id = _elastic_job(factory)
+    wanted: list[Resize] = []
+
+    def resizing(snapshot: ClusterSnapshot) -> Plan:
+        return Plan(start=fifo.schedule(snapshot).start, resize=tuple(wanted))
+
+    monkeypatch.setitem(POLICIES, "resizing", resizing)
+    dispatcher = Shrinking()
+    loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="resizing")
+    loop.run_round(T0)
+    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+    gpus = _gpu_ids(factory)
+    wanted[:] = [Resize(job_id, (gpus[0],))]
+    asked = loop.run_round(T0 + timedelta(seconds=2))
+    [decision] = asked.decisions
+    assert (decision.kind, decision.detail["mechanism"]) == ("resize", "in-place")
+    [launch] = dispatcher.shrinks
+    assert [(w.rank, w.gpu_index) for w in launch.workers] == [(0, 0)]
+    assert (launch.attempt, launch.start_iteration) == (1, 20)
+    assert Command("suspend", job_id) not in dispatcher.commands
+    assert len(held_gpus(factory, job_id)) == 2  # until the agent says it shrank
+
+    wanted.clear()
+    dispatcher.pending.append(Report(job_id, 30, RunOutcome.SHRUNK, "shrank", node="a", ranks=(0,)))
+    with transaction(factory) as session:
+        for iteration, seconds in ((30, 4.0), (31, 4.5)):
+            session.add(IterationMetric(job_id=job_id, iteration=iteration, step_seconds=0.1,
+                                        reported_at=T0 + timedelta(seconds=seconds)))  # fmt: skip
+    shrunk = loop.run_round(T0 + timedelta(seconds=5))
+    assert state(factory, job_id) is JobState.RUNNING
+    assert held_gpus(factory, job_id) == [("a", 0)]
+    [event] = events(factory, "resized")
+    assert event.data == {
+        "from_workers": 2,
+        "to_workers": 1,
+        "iteration": 30,
+        "seconds": 0.5,
+        "global_batch": None,
+        "mechanism": "in-place",
+    }
+    assert "resized" in [d.kind for d in shrunk.decisions]
+    # A report of GPUs it does not hold changes nothing.
+    dispatcher.pending.append(Report(job_id, 40, RunOutcome.SHRUNK, "shrank", node="a", ranks=(2,)))
+    loop.run_round(T0 + timedelta(seconds=6))
+    assert held_gpus(factory, job_id) == [("a", 0)]
+
+
+def _worker(rank: int, gpu_id: int, node: str = "a") -> Worker:
+    return Worker(rank, gpu_id, 1 if node == "a" else 2, node, gpu_id % 10)
+
+
+@pytest.mark.parametrize(
+    ("gang", "gpu_ids", "smaller"),
+    [
+        # Rank 3's GPU kept with rank 0's: renumbered 1, the ranks' order kept.
+        ((1, 2, 3, 4), (4, 1), ((0, 1), (1, 4))),
+        ((1, 2, 3, 4), (2, 3), None),  # rank 0's GPU dropped
+        ((1, 2), (1, 2, 5), None),  # a growth
+        ((1, 2), (1, 5), None),  # a move to another GPU
+        ((1, 2), (2, 1), None),  # the same GPUs
+    ],
+)
+def test_a_resize_is_in_place_only_as_a_shrink_to_some_gpus_keeping_rank_0s(
+    gang: tuple[int, ...], gpu_ids: tuple[int, ...], smaller: tuple[tuple[int, int], ...] | None
+) -> None:
+    workers = tuple(_worker(rank, gpu) for rank, gpu in enumerate(gang))
+    found = in_place(workers, Resize(7, gpu_ids))
+    assert (None if found is None else tuple((w.rank, w.gpu_id) for w in found)) == smaller
+
+
+def test_a_gang_over_two_nodes_is_resized_by_a_restart() -> None:
+    workers = (_worker(0, 1, "a"), _worker(1, 2, "a"), _worker(2, 11, "b"))
+    assert in_place(workers, Resize(7, (1, 2))) is None
 
 
 def test_a_resize_forgotten_in_a_failover_is_requeued(factory: sessionmaker[Session]) -> None:

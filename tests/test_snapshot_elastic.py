@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import BatchPolicy, ElasticRange, Hyperparameters
 from scheduler.db import session_factory, transaction
-from scheduler.models.resizes import record_resized
+from scheduler.models.resizes import IN_PLACE, RESTART, record_resized
 from tests.test_scheduler_loop import T0, add_nodes
 from tests.test_snapshot_models import add_job, counted, report, snapshot
 
@@ -35,8 +35,16 @@ def ran(
     report(factory, job_id, iterations, step=step, comm=step / 4, workers=workers, batch_size=64)
 
 
-def resized(factory: sessionmaker[Session], job_id: int, seconds: float) -> None:
-    details = {"from_workers": 2, "to_workers": 1, "iteration": 10, "seconds": seconds}
+def resized(
+    factory: sessionmaker[Session], job_id: int, seconds: float, mechanism: str = RESTART
+) -> None:
+    details = {
+        "from_workers": 2,
+        "to_workers": 1,
+        "iteration": 10,
+        "seconds": seconds,
+        "mechanism": mechanism,
+    }
     with transaction(factory) as session:
         record_resized(session, job_id, details, actor="test", now=T0)
 
@@ -119,6 +127,12 @@ def test_a_job_s_resize_cost_is_its_own_else_the_cluster_s(
     resized(factory, second, 6.0)
     costs = {view.id: view.resize_seconds for view in snapshot(factory).jobs}
     assert costs == {first: 15.0, second: 6.0, fixed: None}
+    # A growth restarts the job: what in-place shrinks cost says nothing of it.
+    resized(factory, second, 0.5, IN_PLACE)
+    resized(factory, second, 0.5, IN_PLACE)
+    third = elastic_job(factory)
+    costs = {view.id: view.resize_seconds for view in snapshot(factory).jobs}
+    assert costs == {first: 15.0, second: 6.0, third: 12.0, fixed: None}
 
 
 def test_elastic_jobs_cost_the_snapshot_the_same_queries_however_many(

@@ -28,10 +28,11 @@ from jigsaw import __version__
 from jigsaw.gpus import GpuSlot
 from jigsaw.proto.v2 import agent_pb2, agent_pb2_grpc
 from worker_agent import mps, wire
-from worker_agent.code import LIMITS, CacheBounds, CodeCache, CodeError
+from worker_agent.code import CODE_DIR_NAME, LIMITS, CacheBounds, CodeCache, CodeError
 from worker_agent.diagnosis import log_diagnosis
 from worker_agent.gpus import discover, probe_cuda
 from worker_agent.isolation import make_non_dumpable, token_file_warning
+from worker_agent.jobs import Iterations
 from worker_agent.mps import MpsDaemon
 from worker_agent.outbox import Outbox
 from worker_agent.settings import AgentSettings
@@ -316,6 +317,11 @@ def _dispatch(
         supervisor.reconfigure(command.job_id, command.config_version, config)
     elif kind == "cap":
         supervisor.cap(message.cap.job_id, message.cap.memory_bytes)
+    elif kind == "shrink":
+        command = message.shrink.launch
+        # The ranks that go on imported the job's code when they started.
+        code_dir = supervisor.job_dir(command.job_id) / CODE_DIR_NAME if command.spec.code else None
+        supervisor.shrink(wire.job_launch(command, supervisor.node, code_dir))
     else:
         logger.warning("unknown command from the scheduler (newer protocol?): %s", kind)
 
@@ -389,7 +395,7 @@ def _pump(supervisor: Supervisor, outbox: Outbox, stop: threading.Event) -> None
                 extra={"job_id": event.job_id},
             )
             continue
-        outbox.put(message)
+        outbox.put(message, urgent=isinstance(event, Iterations) and event.urgent)
 
 
 def _channel(settings: AgentSettings) -> grpc.Channel:

@@ -4,7 +4,8 @@ One `multiprocessing.connection` Listener on loopback, every connection proving 
 authkey (HMAC). A worker says hello (a warm one first says idle and waits for its rank:
 `pool`), then rank 0 checks for the job's decision once and is told every change from
 then on, unasked; it reports iterations, evaluations and its model profile, and every
-rank says how it exits. The channel parses these into calls on the rank's `RankEvents`
+rank says how it exits (and, at an in-place shrink, asks whether it goes on and as
+which rank). The channel parses these into calls on the rank's `RankEvents`
 and knows nothing of jobs: `Ranks` (the supervisor) says whose a hello is.
 """
 
@@ -18,7 +19,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection, Listener
 from typing import Any, Protocol
 
-from worker_agent.runtime.protocol import Decision, IterationRecord
+from worker_agent.runtime.config import WorkerConfig
+from worker_agent.runtime.protocol import (
+    LEAVE_MESSAGE,
+    Decision,
+    IterationRecord,
+    assign_message,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +42,11 @@ class RankEvents(Protocol):
     def evaluated(self, iteration: int, metrics: dict[str, float]) -> None: ...
 
     def profiled(self, workload: str, profile: dict[str, Any]) -> None: ...
+
+    def shrunk(self, iteration: int) -> WorkerConfig | None:
+        """The rank's configuration after its job's in-place shrink at `iteration`, or
+        None: it leaves."""
+        ...
 
     def exited(self, iteration: int, error_tail: str | None) -> None:
         """The worker's last message: the boundary it ended at and, if it failed, why."""
@@ -179,6 +191,11 @@ class WorkerChannel:
             events.evaluated(int(message["iteration"]), metrics)
         elif kind == "profile":
             events.profiled(str(message["workload"]), message["profile"])
+        elif kind == "shrunk":
+            config = events.shrunk(int(message["iteration"]))
+            connection.send(
+                assign_message(config.model_dump(mode="json")) if config else LEAVE_MESSAGE
+            )
         elif kind == "exit":
             events.exited(int(message["iteration"]), message.get("error_tail"))
         else:

@@ -47,6 +47,8 @@ class Iterations:
 
     job_id: int
     records: tuple[IterationRecord, ...]
+    # Due at once: the run's last records before an in-place shrink, or its first after.
+    urgent: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,4 +94,14 @@ class JobEnded:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-JobEvent = Iterations | Evaluated | LogLine | Profiled | JobEnded
+@dataclass(frozen=True)
+class Shrunk:
+    """The job shrank in place at `iteration`: its run here goes on as `gpus`."""
+
+    job_id: int
+    attempt: int
+    iteration: int
+    gpus: dict[int, int]  # rank -> GPU index, renumbered
+
+
+JobEvent = Iterations | Evaluated | LogLine | Profiled | Shrunk | JobEnded

@@ -1,11 +1,13 @@
 """What the agent still has to tell the scheduler, kept across reconnections.
 
 Iteration records are batched across jobs (one `IterationReports` per flush). While the
-scheduler is unreachable, records, evaluations, profiles and log lines are buffered up to a bound
-(the oldest are dropped and counted); job exits are never dropped. With
-`first_records_at_once` (what the agent uses) the first records of a job's run (since
-its last exit) are due at once rather than after the batching delay: the scheduler then
-sees the job start training as soon as it does.
+scheduler is unreachable, records, evaluations, profiles, shrinks and log lines are
+buffered up to a bound (the oldest are dropped and counted); job exits are never
+dropped. With `first_records_at_once` (what the agent uses) the first records of a job's
+run (since its last exit) are due at once rather than after the batching delay: the
+scheduler then sees the job start training as soon as it does. So are records put as
+`urgent` (a run's last before an in-place shrink and its first after, whose times the
+scheduler measures the shrink by).
 
 With a `ReportSpool`, the queue of iteration records is mirrored on disk: an agent
 killed with records queued sends them after its restart, marked `replayed`.
@@ -56,12 +58,15 @@ class Outbox:
         self._records_since: float | None = None  # when the oldest unsent record came
         self._spool = spool
         self._other: deque[
-            agent_pb2.Evaluation | agent_pb2.LogTail | agent_pb2.ModelProfileReport
+            agent_pb2.Evaluation
+            | agent_pb2.LogTail
+            | agent_pb2.ModelProfileReport
+            | agent_pb2.JobShrunk
         ] = deque()
         self._exits: deque[agent_pb2.JobExit] = deque()
         # Jobs whose run has sent records; its exit ends the run (a resume is a new run).
         self._reporting: set[int] = set()
-        self._first_records = False  # records of a run's start are waiting: send now
+        self._first_records = False  # records due at once are waiting: send now
         self.dropped = 0
         if spool is not None:
             self._records.extend((job_id, record, True) for job_id, record in spool.recover())
@@ -69,7 +74,8 @@ class Outbox:
                 self._records_since = time.monotonic()
                 self._first_records = True
 
-    def put(self, item: Outbound) -> None:
+    def put(self, item: Outbound, *, urgent: bool = False) -> None:
+        """Queue `item`; `urgent` records are due at once."""
         with self._changed:
             if isinstance(item, agent_pb2.JobExit):
                 self._exits.append(item)
@@ -78,6 +84,7 @@ class Outbox:
                 if item.job_id not in self._reporting:
                     self._reporting.add(item.job_id)
                     self._first_records |= self._first_records_at_once
+                self._first_records |= urgent
                 if self._records_since is None:
                     self._records_since = time.monotonic()
                 dropped = self.dropped
@@ -115,6 +122,8 @@ class Outbox:
                         return agent_pb2.AgentMessage(evaluation=other)
                     if isinstance(other, agent_pb2.ModelProfileReport):
                         return agent_pb2.AgentMessage(profile=other)
+                    if isinstance(other, agent_pb2.JobShrunk):
+                        return agent_pb2.AgentMessage(shrunk=other)
                     return agent_pb2.AgentMessage(log=other)
                 if self._exits:
                     return agent_pb2.AgentMessage(exit=self._exits.popleft())

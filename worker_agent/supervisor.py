@@ -7,6 +7,12 @@ evaluations, output lines and process exits into events on `outbound`
 (`jobs.JobEvent`: one `JobEnded` per job, last), which `wire` makes messages for the
 scheduler. It knows neither gRPC nor the protocol's messages.
 
+A job whose every rank runs here may shrink in place (`shrink`): at its next boundary
+each rank checkpoints and says "shrunk"; the ranks on the new gang's GPUs are given their
+configuration in it (renumbered, the same GPU) and train on in the same processes, the
+others exit (`Outcome.LEFT`) and their GPUs are free once they have; `Shrunk` tells the
+scheduler once every rank has been answered.
+
 A job never has two runs here, and a launch older than an attempt seen here never
 starts: the attempt is the run's fence (the scheduler's placement number), also written
 into each worker's configuration so that a stale worker writes no checkpoint.
@@ -39,6 +45,7 @@ from worker_agent.jobs import (
     LogLine,
     NodeResources,
     Profiled,
+    Shrunk,
 )
 from worker_agent.pool import (
     JOB_DIR_MODE_SHARED,
@@ -78,7 +85,7 @@ class NoRoom(LaunchError):
 
 @dataclass(eq=False)
 class _Rank:
-    rank: int
+    rank: int  # now (an in-place shrink renumbers the ranks that stay)
     process: subprocess.Popen[bytes]
     log_path: Path
     gpu_index: int
@@ -97,7 +104,20 @@ class _Job:
     config_version: int
     config: dict[str, Any]
     memory_bytes: int  # each rank's cap on its GPU
-    ranks: dict[int, _Rank] = field(default_factory=dict)
+    world_size: int  # of the whole gang, on every node
+    checkpointed: bool  # the launch has a checkpoint directory
+    ranks: dict[int, _Rank] = field(default_factory=dict)  # the run's, by rank now
+    # Every process the run started, by the rank it was started as: those an in-place
+    # shrink dropped stay here (not in `ranks`) until they have exited.
+    started: dict[int, _Rank] = field(default_factory=dict)
+    # An in-place shrink under way: each rank's configuration in the smaller gang (None:
+    # it leaves), by rank now, and the ranks that have been answered.
+    shrink: dict[int, WorkerConfig | None] | None = None
+    shrunk: dict[int, int] = field(default_factory=dict)  # rank now -> rank after
+    resumed: bool = False  # its rank 0 goes on after a shrink and has not reported yet
+    # A shrink all ranks were answered for, told once the ranks that left have exited
+    # (the scheduler gives their GPUs to other jobs then).
+    announce: Shrunk | None = None
     action: Action = Action.CONTINUE
     stop_requested: bool = False
     failure: str | None = None  # why the agent failed the job itself
@@ -215,13 +235,16 @@ class Supervisor:
                 return
             # Every rank starts from the launch's SPB configuration; reconfigurations
             # with newer versions follow at boundaries.
+            first = launch.configs[0]
             job = _Job(
                 job_id,
                 attempt,
                 launch.start_iteration,
                 launch.config_version,
-                dict(launch.configs[0].spb),
+                dict(first.spb),
                 launch.memory_bytes,
+                world_size=first.world_size,
+                checkpointed=first.checkpoint_dir is not None,
             )
             self._jobs[job.job_id] = job
             configs = [self._shared(config, launch.gpus[config.rank]) for config in launch.configs]
@@ -261,6 +284,39 @@ class Supervisor:
             if job.action is not Action.CONTINUE:
                 return
             job.action = Action.SUSPEND
+        self._tell_rank0(job)
+
+    def shrink(self, launch: JobLaunch) -> None:
+        """Shrink the job in place at its next boundary to `launch`'s ranks: a launch of
+        its running attempt on GPUs its ranks hold, rank 0 on rank 0's. A job that
+        cannot shrink so (ranks on other nodes, another attempt, a command under way) is
+        suspended instead: its checkpoint lets the scheduler restart it on the new gang."""
+        with self._lock:
+            job = self._running(launch.job_id, "shrink")
+            if job is None:
+                return
+            why = _why_not_in_place(job, launch)
+            if why is None:
+                config_on = {launch.gpus[config.rank]: config for config in launch.configs}
+                job.shrink = {n: config_on.get(r.gpu_index) for n, r in job.ranks.items()}
+                job.shrunk = {}
+                job.action = Action.SHRINK
+            elif job.action is Action.CONTINUE:
+                job.action = Action.SUSPEND
+        if why is None:
+            logger.info(
+                "job %d: shrinking in place to ranks on GPUs %s",
+                job.job_id,
+                sorted(launch.gpus.values()),
+                extra={"job_id": job.job_id},
+            )
+        else:
+            logger.warning(
+                "job %d: cannot shrink in place (%s): suspending it",
+                job.job_id,
+                why,
+                extra={"job_id": job.job_id},
+            )
         self._tell_rank0(job)
 
     def reconfigure(self, job_id: int, config_version: int, config: dict[str, Any]) -> None:
@@ -370,11 +426,15 @@ class Supervisor:
     # ------------------------------------------------------------------ launching
 
     def _on_gpu(self, index: int) -> list[_Job]:
-        """The jobs with a rank on GPU `index` (lock held)."""
+        """The jobs with a process on GPU `index` (lock held): a rank a shrink dropped
+        holds it until it has exited."""
         return [
             job
             for job in self._jobs.values()
-            if any(rank.gpu_index == index for rank in job.ranks.values())
+            if any(
+                rank.gpu_index == index and (rank.rank in job.ranks or not rank.reaped)
+                for rank in job.started.values()
+            )
         ]
 
     def _cap(self, memory_bytes: int, index: int) -> int:
@@ -475,7 +535,7 @@ class Supervisor:
                     partial(self._co_runners_since_report, job.job_id, gpu_index),
                 )
                 rank = _Rank(config.rank, process, log_path, gpu_index, RankLink(events))
-                job.ranks[config.rank] = rank
+                job.ranks[config.rank] = job.started[config.rank] = rank
                 self._thread(job, rank, self._forward_output)
                 if pooled is None:
                     self._thread(job, rank, self._watch)
@@ -557,18 +617,30 @@ class Supervisor:
     def _watch(self, job: _Job, rank: _Rank) -> None:
         """Wait for a cold worker to exit, then end its rank."""
         wait_unreaped(rank.process)
-        self._ended(job, rank.rank)
+        self._ended(job, next(n for n, started in job.started.items() if started is rank))
 
-    def _ended(self, job: _Job, number: int) -> None:
-        """Reap the exited worker of rank `number` and end the job after its last rank."""
+    def _ended(self, job: _Job, started_as: int) -> None:
+        """Reap the exited worker started as rank `started_as` and end the job after its
+        last rank (one an in-place shrink dropped only frees its GPU)."""
         with self._lock:
-            rank = job.ranks[number]
+            rank = job.started[started_as]
             returncode = reap(rank.process)
             rank.reaped = True
         if rank.link.connected.wait(_CONNECT_GRACE_SECONDS):
             rank.link.disconnected.wait(_DISCONNECT_GRACE_SECONDS)
         with self._changed:
             rank.returncode = returncode
+            if job.ranks.get(rank.rank) is not rank:
+                self._co_runners.pop((job.job_id, rank.gpu_index), None)
+                _announce_when_left(job, self.outbound)
+                if returncode != EXIT_CODES[Outcome.LEFT]:
+                    logger.warning(
+                        "job %d: the process of a rank it shrank without exited with code %s",
+                        job.job_id,
+                        returncode,
+                        extra={"job_id": job.job_id},
+                    )
+                return
             if all(other.returncode is not None for other in job.ranks.values()):
                 del self._jobs[job.job_id]
                 for other in job.ranks.values():
@@ -582,11 +654,16 @@ class _RankEvents:
     """What one rank's worker tells, into its job and `outbound` (`channel.RankEvents`)."""
 
     job: _Job
-    rank: int
+    started_as: int  # the rank its process was started as (`_Job.started`)
     lock: threading.Lock  # the supervisor's
     outbound: queue.Queue[JobEvent]
     device_kind: str  # of the rank's GPU slot
     co_runners: Callable[[], int]  # other jobs on its GPU since the last report (lock held)
+
+    @property
+    def rank(self) -> int:
+        """Its rank now (-1: an in-place shrink dropped it)."""
+        return self.job.started[self.started_as].rank
 
     def decision(self) -> Decision:
         with self.lock:
@@ -601,6 +678,8 @@ class _RankEvents:
         with self.lock:
             self.job.iteration = max(self.job.iteration, records[-1].iteration)
             others = self.co_runners()
+            urgent = self.job.action is Action.SHRINK or self.job.resumed
+            self.job.resumed = False
         # A device-wide utilization says nothing of this job while others ran beside it.
         stamped = tuple(
             replace(
@@ -612,7 +691,7 @@ class _RankEvents:
             )
             for record in records
         )
-        self.outbound.put(Iterations(self.job.job_id, stamped))
+        self.outbound.put(Iterations(self.job.job_id, stamped, urgent))
 
     def evaluated(self, iteration: int, metrics: dict[str, float]) -> None:
         if self.rank == 0:
@@ -623,9 +702,35 @@ class _RankEvents:
     def profiled(self, workload: str, profile: dict[str, Any]) -> None:
         self.outbound.put(Profiled(self.job.job_id, workload, self.device_kind, profile))
 
+    def shrunk(self, iteration: int) -> WorkerConfig | None:
+        """This rank's configuration after the job's in-place shrink (None: it leaves);
+        once every rank has been answered, the job's ranks are the smaller gang's."""
+        with self.lock:
+            job = self.job
+            if job.shrink is None or self.rank not in job.shrink:
+                return None  # no shrink asked of it: nothing to go on in
+            config = job.shrink[self.rank]
+            job.shrunk[self.rank] = config.rank if config is not None else -1
+            if config is not None and config.rank == 0:
+                job.action = Action.CONTINUE  # the smaller gang's first check is rank 0's
+                job.resumed = True
+            if len(job.shrunk) < len(job.shrink):
+                return config
+            ranks = {}
+            for number, rank in job.ranks.items():
+                rank.rank = job.shrunk[number]
+                if rank.rank >= 0:
+                    ranks[rank.rank] = rank
+            job.ranks, job.world_size, job.shrink = ranks, len(ranks), None
+            job.iteration = max(job.iteration, iteration)
+            gpus = {number: rank.gpu_index for number, rank in sorted(ranks.items())}
+            job.announce = Shrunk(job.job_id, job.attempt, iteration, gpus)
+            _announce_when_left(job, self.outbound)
+        return config
+
     def exited(self, iteration: int, error_tail: str | None) -> None:
         with self.lock:
-            rank = self.job.ranks[self.rank]
+            rank = self.job.started[self.started_as]
             rank.exit_iteration, rank.exit_error = iteration, error_tail
             self.job.iteration = max(self.job.iteration, iteration)
 
@@ -633,9 +738,44 @@ class _RankEvents:
 # ---------------------------------------------------------------------- helpers
 
 
+def _announce_when_left(job: _Job, outbound: queue.Queue[JobEvent]) -> None:
+    """Tell the job's shrink once the ranks it dropped have exited (lock held)."""
+    if job.announce is not None and all(
+        rank.returncode is not None for rank in job.started.values() if rank.rank < 0
+    ):
+        outbound.put(job.announce)
+        job.announce = None
+
+
+def _why_not_in_place(job: _Job, launch: JobLaunch) -> str | None:
+    """Why the job cannot shrink in place to `launch`, or None (lock held)."""
+    if launch.problem is not None:
+        return launch.problem
+    if launch.attempt != job.attempt:
+        return f"attempt {launch.attempt} is not the running {job.attempt}"
+    if job.action is not Action.CONTINUE:
+        return f"it is told to {job.action.value} already"
+    if len(job.ranks) != job.world_size:
+        return "some of its ranks run on other nodes"
+    if not job.checkpointed:
+        return "it has no checkpoint directory"
+    held = {rank.gpu_index for rank in job.ranks.values()}
+    new = set(launch.gpus.values())
+    if (
+        not 0 < len(new) < len(held)
+        or not new <= held
+        or launch.gpus.get(0) != job.ranks[0].gpu_index
+    ):
+        return (
+            f"GPUs {sorted(new)} are not fewer of its GPUs {sorted(held)} with rank 0 on "
+            f"GPU {job.ranks[0].gpu_index}"
+        )
+    return None
+
+
 def _signal_ranks(job: _Job, signum: signal.Signals) -> None:
     """Signal the process group of every rank not yet reaped (caller holds the lock)."""
-    for rank in job.ranks.values():
+    for rank in job.started.values():
         if not rank.reaped:
             signal_group(rank.process.pid, signum)
 

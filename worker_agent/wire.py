@@ -32,11 +32,19 @@ from worker_agent.jobs import (
     LogLine,
     NodeResources,
     Profiled,
+    Shrunk,
 )
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.protocol import IterationRecord, Outcome
 
-Outbound = pb.JobIterations | pb.Evaluation | pb.LogTail | pb.JobExit | pb.ModelProfileReport
+Outbound = (
+    pb.JobIterations
+    | pb.Evaluation
+    | pb.LogTail
+    | pb.JobExit
+    | pb.ModelProfileReport
+    | pb.JobShrunk
+)
 
 _OUTCOMES = {
     Outcome.SUCCEEDED: pb.OUTCOME_SUCCEEDED,
@@ -105,6 +113,13 @@ def outbound(event: JobEvent) -> Outbound:
                 profile=convert.profile_message(measured),
                 utilization=float(utilization) if isinstance(utilization, float) else None,
             )
+        case Shrunk(job_id, attempt, iteration, gpus):
+            return pb.JobShrunk(
+                job_id=job_id,
+                attempt=attempt,
+                iteration=iteration,
+                ranks=_assignments(gpus),
+            )
         case JobEnded():
             return pb.JobExit(
                 job_id=event.job_id,
@@ -141,10 +156,14 @@ def running_jobs(runs: dict[int, tuple[int, dict[int, int]]]) -> list[pb.Running
         pb.RunningJob(
             job_id=job_id,
             attempt=attempt,
-            ranks=[pb.RankAssignment(rank=rank, gpu_index=gpu) for rank, gpu in ranks.items()],
+            ranks=_assignments(ranks),
         )
         for job_id, (attempt, ranks) in runs.items()
     ]
+
+
+def _assignments(ranks: dict[int, int]) -> list[pb.RankAssignment]:
+    return [pb.RankAssignment(rank=rank, gpu_index=gpu) for rank, gpu in ranks.items()]
 
 
 def _worker_configs(

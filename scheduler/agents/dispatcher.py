@@ -77,7 +77,7 @@ class Run:
 class Dropped:
     """A job-scoped message the dispatcher would not take, and why."""
 
-    kind: str  # running, exit, reports, log, evaluation, profile
+    kind: str  # running, exit, shrunk, reports, log, evaluation, profile
     job_id: int
     reason: str
 
@@ -143,7 +143,8 @@ class AgentDispatcher:
         # (job, node) pairs already told to stop or suspend: each command goes out once.
         self._stopping: set[tuple[int, str]] = set()
         self._suspending: set[tuple[int, str]] = set()
-        self._exits: queue.SimpleQueue[tuple[str, pb.JobExit]] = queue.SimpleQueue()
+        # Run ends and in-place shrinks, in the order agents sent them, for `poll`.
+        self._exits: queue.SimpleQueue[tuple[str, pb.JobExit | pb.JobShrunk]] = queue.SimpleQueue()
 
     # -- sessions (called by the gRPC service) ----------------------------------------
 
@@ -309,20 +310,9 @@ class AgentDispatcher:
         Hello claiming the run after a restart of the scheduler finds whom it was
         launched to."""
         with transaction(self._factory) as db:
-            caps = {}
+            caps = {node: self._cap(db, launch, node) for node in runs}
             for node, run in runs.items():
                 gpu_ids = [w.gpu_id for w in launch.workers if w.node_name == node]
-                caps[node] = (
-                    launch.memory_bytes
-                    if launch.memory_bytes is not None
-                    else memory_cap(
-                        db,
-                        launch.job_id,
-                        gpu_ids,
-                        headroom=MEMORY_HEADROOM,
-                        recent=MEMORY_RECENT_ITERATIONS,
-                    )
-                )
                 bind_run(
                     db,
                     launch.job_id,
@@ -334,29 +324,97 @@ class AgentDispatcher:
         spec = convert.spec_message(JobSpec.model_validate(launch.spec))
         messages = {}
         for node, assignments in by_node.items():
-            command = pb.LaunchCommand(
-                job_id=launch.job_id,
-                spec=spec,
-                ranks=assignments,
-                world_size=len(launch.workers),
-                master_addr=launch.workers[0].node_address,
-                master_port=port,
-                start_iteration=launch.start_iteration,
-                lease_iterations=launch.lease_iterations,
-                spb=convert.spb_message(resolve(launch.spb)),
-                config_version=0,
-                checkpoint_dir=str(self._checkpoint_root / f"job-{launch.job_id}"),
-                checkpoint_every=self._checkpoint_every,
-                attempt=launch.attempt,
-                global_batch=launch.global_batch,
-                memory_bytes=caps[node],
-            )
+            command = self._launch_command(launch, spec, assignments, port, caps[node])
             messages[node] = (
                 pb.SchedulerMessage(resume=command)
                 if launch.start_iteration > 0
                 else pb.SchedulerMessage(launch=command)
             )
         return messages
+
+    @staticmethod
+    def _cap(db: Session, launch: Launch, node: str) -> int:
+        """Each rank's memory cap on the node's GPUs of the launch."""
+        if launch.memory_bytes is not None:
+            return launch.memory_bytes
+        gpu_ids = [w.gpu_id for w in launch.workers if w.node_name == node]
+        return memory_cap(
+            db, launch.job_id, gpu_ids, headroom=MEMORY_HEADROOM, recent=MEMORY_RECENT_ITERATIONS
+        )
+
+    def _launch_command(
+        self,
+        launch: Launch,
+        spec: pb.JobSpec,
+        assignments: list[pb.RankAssignment],
+        port: int,
+        cap: int,
+    ) -> pb.LaunchCommand:
+        return pb.LaunchCommand(
+            job_id=launch.job_id,
+            spec=spec,
+            ranks=assignments,
+            world_size=len(launch.workers),
+            master_addr=launch.workers[0].node_address,
+            master_port=port,
+            start_iteration=launch.start_iteration,
+            lease_iterations=launch.lease_iterations,
+            spb=convert.spb_message(resolve(launch.spb)),
+            config_version=0,
+            checkpoint_dir=str(self._checkpoint_root / f"job-{launch.job_id}"),
+            checkpoint_every=self._checkpoint_every,
+            attempt=launch.attempt,
+            global_batch=launch.global_batch,
+            memory_bytes=cap,
+        )
+
+    def shrink(self, launch: Launch) -> bool:
+        nodes = {worker.node_name for worker in launch.workers}
+        node = next(iter(nodes))
+        with self._lock:
+            runs = self._jobs.get(launch.job_id, {})
+            session = self._sessions.get(node)
+            if (
+                len(nodes) != 1
+                or set(runs) != nodes
+                or session is None
+                or not runs[node].current
+                or runs[node].attempt != launch.attempt
+                or (launch.job_id, node) in self._stopping | self._suspending
+            ):
+                return False
+            # The smaller gang's rendezvous: rank 0's store went with the old group.
+            port = self._free_port()
+            self._job_ports[launch.job_id] = port
+        with transaction(self._factory) as db:
+            cap = self._cap(db, launch, node)
+        assignments = [
+            pb.RankAssignment(rank=w.rank, gpu_index=w.gpu_index) for w in launch.workers
+        ]
+        spec = convert.spec_message(JobSpec.model_validate(launch.spec))
+        command = self._launch_command(launch, spec, assignments, port, cap)
+        logger.info(
+            "shrink job %d in place on %s to GPUs %s",
+            launch.job_id,
+            node,
+            [a.gpu_index for a in assignments],
+            extra={"job_id": launch.job_id},
+        )
+        session.send(pb.SchedulerMessage(shrink=pb.ShrinkCommand(launch=command)))
+        return True
+
+    def job_shrunk(self, session: AgentSession, message: pb.JobShrunk) -> str | None:
+        """Queue a shrink of the current run for `poll` (its ranks here from now on), or
+        say why it is dropped."""
+        with self._lock:
+            run = self._jobs.get(message.job_id, {}).get(session.node_name)
+            reason = _refusal(run, session.instance)
+            if run is not None and reason is None:
+                if message.attempt != run.attempt:
+                    return STALE_ATTEMPT
+                run.ranks = {a.rank: a.gpu_index for a in message.ranks}
+                self._exits.put((session.node_name, message))
+            return reason
 
     def stop(self, job_id: int, node: str | None = None) -> None:
         self._command(job_id, node, self._stopping, "stop")
@@ -398,6 +456,9 @@ class AgentDispatcher:
                 node, message = self._exits.get_nowait()
             except queue.Empty:
                 break
+            if isinstance(message, pb.JobShrunk):
+                reports.append(_shrunk_report(node, message))
+                continue
             with self._lock:
                 self._end_run(message.job_id, node)
             outcome = _OUTCOMES.get(message.outcome, RunOutcome.FAILED)
@@ -584,6 +645,18 @@ class AgentDispatcher:
             raise RuntimeError(f"all rendezvous ports {self._ports} are taken")
         # Random, not lowest: a port a crashed job left in TIME_WAIT is unlikely to recur.
         return random.choice(candidates)
+
+
+def _shrunk_report(node: str, message: pb.JobShrunk) -> Report:
+    ranks = sorted((a.rank, a.gpu_index) for a in message.ranks)
+    return Report(
+        job_id=message.job_id,
+        iterations_done=message.iteration,
+        outcome=RunOutcome.SHRUNK,
+        message=f"shrank in place on {node} to {len(ranks)} GPU(s) at {message.iteration}",
+        node=node,
+        ranks=tuple(index for _, index in ranks),
+    )
 
 
 def _exit_message(node: str, message: pb.JobExit, outcome: RunOutcome) -> str:

@@ -372,6 +372,10 @@ class AgentService(agent_pb2_grpc.AgentServiceServicer):
             reason = self._dispatcher.job_exited(session, message.exit)
             if reason is not None:
                 self._drop(session, Dropped("exit", message.exit.job_id, reason))
+        elif kind == "shrunk":
+            reason = self._dispatcher.job_shrunk(session, message.shrunk)
+            if reason is not None:
+                self._drop(session, Dropped("shrunk", message.shrunk.job_id, reason))
         elif kind == "log":
             log = message.log
             if self._taken(session, "log", log.job_id):

@@ -1,9 +1,10 @@
-"""What a resize reads and writes: the new gang's GPUs, and the cost it measured."""
+"""What a resize reads and writes: the gang it runs on and the new one's GPUs, the
+allocations an in-place shrink gives back, and the cost it measured."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +15,9 @@ from scheduler.dispatch import Worker
 from scheduler.orm import GPU, Agent, Allocation, Event, IterationMetric, Node
 
 RESIZED = "resized"  # the event kind a finished resize writes, with its cost
+# How a resize was done (its event's `mechanism`).
+IN_PLACE = "in-place"
+RESTART = "checkpoint-restart"
 
 
 def free_workers(session: Session, gpu_ids: Sequence[int]) -> tuple[Worker, ...] | None:
@@ -41,6 +45,53 @@ def free_workers(session: Session, gpu_ids: Sequence[int]) -> tuple[Worker, ...]
     if held or len(rows) != len(gpu_ids):
         return None
     return tuple(Worker(rank, gpu_id, *rows[gpu_id]) for rank, gpu_id in enumerate(gpu_ids))
+
+
+def gang(session: Session, job_id: int) -> tuple[int, tuple[Worker, ...]]:
+    """The attempt the job runs and its ranks, by rank (none: it holds no GPU)."""
+    rows = session.execute(
+        select(
+            Allocation.attempt,
+            Allocation.rank,
+            GPU.id,
+            Node.id,
+            Node.name,
+            GPU.index,
+            Node.address,
+        )
+        .join(GPU, GPU.id == Allocation.gpu_id)
+        .join(Node, Node.id == GPU.node_id)
+        .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+        .order_by(Allocation.rank)
+    ).all()
+    attempt = max((row[0] for row in rows), default=0)
+    return attempt, tuple(Worker(*row[1:]) for row in rows)
+
+
+def shrink(
+    session: Session, job_id: int, node_name: str, indices: Sequence[int], now: datetime
+) -> tuple[int, tuple[int, ...]] | None:
+    """The job now runs on GPUs `indices` of `node_name` (by rank): its other allocations
+    end and those kept take their new ranks. Returns how many GPUs it held and those it
+    holds (by rank), or None, changing nothing, unless they are some of the GPUs it held."""
+    held = {
+        (node, index): allocation
+        for allocation, node, index in session.execute(
+            select(Allocation, Node.name, GPU.index)
+            .join(GPU, GPU.id == Allocation.gpu_id)
+            .join(Node, Node.id == GPU.node_id)
+            .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+        )
+    }
+    keys = [(node_name, index) for index in indices]
+    if not keys or len(set(keys)) < len(keys) or not set(keys) <= set(held):
+        return None
+    for key, allocation in held.items():
+        if key not in keys:
+            allocation.released_at = now
+    for rank, key in enumerate(keys):
+        held[key].rank = rank
+    return len(held), tuple(held[key].gpu_id for key in keys)
 
 
 def held_gpus(session: Session, job_id: int) -> list[int]:
@@ -112,19 +163,20 @@ RECENT_RESIZES = 20  # of any job: what a job that never resized is expected to 
 
 
 def measured_costs(session: Session, job_ids: Sequence[int]) -> dict[int, float]:
-    """What resizing each job is expected to cost, in seconds: the mean of its own
-    `resized` events, else of the cluster's newest `RECENT_RESIZES` (absent: none
-    measured yet). Two queries."""
+    """What moving each job (a growth, a move: a restart) is expected to cost, in
+    seconds: the mean of its own restarted resizes, else of the cluster's newest
+    `RECENT_RESIZES` (absent: none measured yet); in-place shrinks, an order of
+    magnitude cheaper, would understate it. Two queries."""
     if not job_ids:
         return {}
     own: dict[int, list[float]] = {}
     for job_id, data in session.execute(
         select(Event.job_id, Event.data).where(Event.kind == RESIZED, Event.job_id.in_(job_ids))
     ):
-        seconds = _seconds(data)
+        seconds = _restart_seconds(data)
         if seconds is not None:
             own.setdefault(job_id, []).append(seconds)
-    recent = newest_seconds(session, RESIZED, RECENT_RESIZES)
+    recent = newest_seconds(session, RESIZED, RECENT_RESIZES, _restart_seconds)
     costs = {job_id: sum(values) / len(values) for job_id, values in own.items()}
     if recent:
         typical = sum(recent) / len(recent)
@@ -132,15 +184,28 @@ def measured_costs(session: Session, job_ids: Sequence[int]) -> dict[int, float]
     return costs
 
 
-def newest_seconds(session: Session, kind: str, limit: int) -> list[float]:
-    """The `seconds` the newest `limit` events of `kind` measured (a cost's events)."""
+def newest_seconds(
+    session: Session,
+    kind: str,
+    limit: int,
+    read: Callable[[Any], float | None] | None = None,
+) -> list[float]:
+    """The `seconds` the newest `limit` events of `kind` measured (a cost's events), as
+    `read` takes them from an event's data (None: not such a cost; default: any)."""
+    read = read or _seconds
     return [
         seconds
         for data in session.scalars(
             select(Event.data).where(Event.kind == kind).order_by(Event.id.desc()).limit(limit)
         )
-        if (seconds := _seconds(data)) is not None
+        if (seconds := read(data)) is not None
     ]
+
+
+def _restart_seconds(data: Any) -> float | None:
+    if isinstance(data, dict) and data.get("mechanism") == IN_PLACE:
+        return None
+    return _seconds(data)
 
 
 def _seconds(data: Any) -> float | None:

@@ -1,7 +1,8 @@
 """Who decides at iteration boundaries: the `Controller` rank 0 consults.
 
 Only rank 0 calls `check`, `report` and `evaluation`; the loop broadcasts each decision
-to its peers so that every rank acts at the same boundary. Every rank calls `exit`.
+to its peers so that every rank acts at the same boundary. Every rank calls `shrunk` at
+an in-place shrink's boundary, and `exit` last.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Client, Connection
 from typing import Any, Protocol
 
+from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.protocol import (
     Action,
     Decision,
     ExitStatus,
     IterationRecord,
+    assigned_config,
     parse_address,
+    shrunk_message,
 )
 
 
@@ -33,6 +37,11 @@ class Controller(Protocol):
         """The model's per-stage costs (`jigsaw.spb.SPBProfile` as JSON)."""
         ...
 
+    def shrunk(self, iteration: int) -> WorkerConfig | None:
+        """This rank's configuration in the gang an in-place shrink leaves at boundary
+        `iteration` (its checkpoint written, its group left), or None: it leaves."""
+        ...
+
     def exit(self, status: ExitStatus) -> None: ...
 
 
@@ -45,6 +54,8 @@ class LocalController:
 
     suspend_at: int | None = None
     stop_at: int | None = None
+    shrink_at: int | None = None
+    shrink_to: WorkerConfig | None = None  # this rank's place after the shrink (None: leave)
     # Boundary -> new configuration, each bumping config_version by one.
     reconfigure_at: dict[int, dict[str, Any]] = field(default_factory=dict)
     checks: list[int] = field(default_factory=list)
@@ -52,6 +63,7 @@ class LocalController:
     evaluations: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     profiles: list[dict[str, Any]] = field(default_factory=list)
     status: ExitStatus | None = None
+    shrunk_at: int | None = None
     _config_version: int = 0
     _config: dict[str, Any] = field(default_factory=dict)
 
@@ -65,6 +77,8 @@ class LocalController:
             action = Action.STOP
         elif iteration == self.suspend_at:
             action = Action.SUSPEND
+        elif iteration == self.shrink_at:
+            action = Action.SHRINK
         return Decision(action, self._config_version, self._config, lease_until=iteration + 1)
 
     def report(self, records: list[IterationRecord]) -> None:
@@ -75,6 +89,11 @@ class LocalController:
 
     def profile(self, workload: str, profile: dict[str, Any]) -> None:
         self.profiles.append(profile)
+
+    def shrunk(self, iteration: int) -> WorkerConfig | None:
+        self.shrunk_at = iteration
+        self.shrink_at = None
+        return self.shrink_to
 
     def exit(self, status: ExitStatus) -> None:
         self.status = status
@@ -114,6 +133,19 @@ class ConnectionController:
 
     def profile(self, workload: str, profile: dict[str, Any]) -> None:
         self._connection.send({"type": "profile", "workload": workload, "profile": profile})
+
+    def shrunk(self, iteration: int) -> WorkerConfig | None:
+        """Ask the agent; the decisions it sent meanwhile were the old run's, and the new
+        run's first check asks afresh."""
+        self._connection.send(shrunk_message(iteration))
+        self._decision = None
+        while True:
+            message = self._connection.recv()
+            kind = message.get("type")
+            if kind == "leave":
+                return None
+            if kind == "assign":
+                return WorkerConfig.model_validate(assigned_config(message))
 
     def exit(self, status: ExitStatus) -> None:
         try:

@@ -53,19 +53,31 @@ _PROFILE_REPEATS = 3
 
 
 def run_worker(config: WorkerConfig, controller: Controller) -> ExitStatus:
-    """Train until succeeded, stopped or suspended, and say how it ended.
+    """Train until succeeded, stopped, suspended or left, and say how it ended.
 
-    A failure is reported to the controller and re-raised.
+    An in-place shrink ends a run at its boundary (checkpointed): this process then
+    either leaves, or forms the smaller gang's group and trains on from that checkpoint
+    as the rank the controller gives it, as a restarted process would, without the
+    process's exit and start. A failure is reported to the controller and re-raised.
     """
-    device = torch.device(config.device)
     status = ExitStatus(Outcome.FAILED, 0)
     training: _Training | None = None
     try:
-        cap = MemoryCap(device, config.memory_cap_bytes)
-        _init_distributed(config, device)
-        training = _Training(config, controller, device, cap)
-        status = training.run()
-        return status
+        while True:
+            device = torch.device(config.device)
+            cap = MemoryCap(device, config.memory_cap_bytes)
+            _init_distributed(config, device)
+            training = _Training(config, controller, device, cap)
+            status = training.run()
+            if status.outcome is not Outcome.SHRUNK:
+                return status
+            training = None
+            _leave_group()
+            shrunk = controller.shrunk(status.iteration)
+            if shrunk is None:
+                status = ExitStatus(Outcome.LEFT, status.iteration)
+                return status
+            config = shrunk
     except MemoryCapExceeded as exc:
         # Over its share of a shared slot: this rank fails with that reason, no traceback.
         logger.error("%s", exc)
@@ -85,16 +97,24 @@ def run_worker(config: WorkerConfig, controller: Controller) -> ExitStatus:
         )
         raise
     finally:
-        # What holds the process group (DDP's reducer, its comm hook's futures) goes
-        # first, while the group is alive: freed after the group's destruction, the last
-        # reference would fall to DDP's and join gloo's threads under the GIL, which one
-        # of them may be waiting for (a hang seen in about half of the runs of a short
-        # two-rank job).
         training = None
-        gc.collect()
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave_group()
         controller.exit(status)
+
+
+def _leave_group() -> None:
+    """Destroy the process group, after what holds it (the caller dropped its training).
+
+    DDP's reducer and its comm hook's futures go first, while the group is alive: freed
+    after the group's destruction, the last reference would fall to DDP's and join
+    gloo's threads under the GIL, which one of them may be waiting for (a hang seen in
+    about half of the runs of a short two-rank job).
+    """
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()  # what the run cached goes back to the GPU's other jobs
 
 
 def _init_distributed(config: WorkerConfig, device: torch.device) -> None:
@@ -325,6 +345,8 @@ class _Training:
             return Outcome.STOPPED
         if agreed.decision.action is Action.SUSPEND:
             return Outcome.SUSPENDED
+        if agreed.decision.action is Action.SHRINK:
+            return Outcome.SHRUNK
         return None
 
     def _step(self, agreed: Agreement) -> Agreement:
@@ -427,9 +449,9 @@ class _Training:
             self._reports.flush()
         if outcome is Outcome.SUCCEEDED and self._evaluated_at != self.iteration:
             self._evaluate()
-        if outcome is Outcome.SUSPENDED and self._config.checkpoint_dir is None:
+        if outcome in (Outcome.SUSPENDED, Outcome.SHRUNK) and self._config.checkpoint_dir is None:
             logger.warning("no checkpoint_dir: progress up to iteration %d is lost", self.iteration)
-        if outcome in (Outcome.SUCCEEDED, Outcome.SUSPENDED):
+        if outcome in (Outcome.SUCCEEDED, Outcome.SUSPENDED, Outcome.SHRUNK):
             self._checkpoint()
         self._announce(f"{outcome.value} at iteration {self.iteration}")
         return ExitStatus(outcome, self.iteration, dict(self._metrics), self._config_version)

@@ -16,11 +16,21 @@ worker -> agent
     {"type": "report", "records": [IterationRecord as dict, ...]}          rank 0 only
     {"type": "evaluation", "iteration": int, "metrics": {str: float}}      rank 0 only
     {"type": "profile", "workload": str, "profile": SPBProfile as JSON}   rank 0, at most once
+    {"type": "shrunk", "iteration": int}    every rank, after an in-place shrink's checkpoint
     {"type": "exit", "status": Outcome value, "iteration": int,
      "error_tail": str | None}                                         last, once
 agent -> worker (rank 0 only: the reply to "check", then every change, unasked)
-    {"action": "continue" | "suspend" | "stop", "config_version": int,
+    {"action": "continue" | "suspend" | "stop" | "shrink", "config_version": int,
      "config": dict, "lease_until": int, "memory_bytes": int}
+agent -> worker (the reply to "shrunk")
+    {"type": "assign", "config": WorkerConfig as JSON-able dict}   this rank goes on so
+    {"type": "leave"}                                                  this rank exits (5)
+
+An in-place shrink: at the boundary of a "shrink" decision every rank checkpoints, leaves
+the process group and says "shrunk"; a rank that is assigned a place in the smaller gang
+forms its group and resumes from that checkpoint in the same process (on the same GPU,
+its rank renumbered), the others exit. After "shrunk", a message without "type" is a
+decision meant for the run that ended, and is ignored.
 
 `iteration` is always a boundary: the number of iterations completed. The job's decision
 holds until the agent sends another; rank 0 reads what arrived at every boundary, so a
@@ -46,6 +56,7 @@ class Action(StrEnum):
     CONTINUE = "continue"
     SUSPEND = "suspend"  # checkpoint, then exit; the job resumes later, maybe elsewhere
     STOP = "stop"  # exit now without a checkpoint
+    SHRINK = "shrink"  # checkpoint, then go on in a smaller gang or exit (in place)
 
 
 class Outcome(StrEnum):
@@ -56,6 +67,11 @@ class Outcome(StrEnum):
     # Never started: no room on a GPU slot. The agent's only (no worker exits so): the
     # scheduler queues the job again.
     REFUSED = "refused"
+    # Checkpointed for an in-place shrink: the run goes on in a smaller gang (the
+    # training loop's only: a process never exits so).
+    SHRUNK = "shrunk"
+    # Dropped by an in-place shrink: this rank's process exits, the job goes on.
+    LEFT = "left"
 
 
 # The worker process's exit code for each outcome.
@@ -64,6 +80,7 @@ EXIT_CODES: dict[Outcome, int] = {
     Outcome.FAILED: 1,
     Outcome.SUSPENDED: 3,
     Outcome.STOPPED: 4,
+    Outcome.LEFT: 5,
 }
 
 
@@ -151,6 +168,13 @@ def assigned_config(message: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"expected an assign message, got {message!r}")
     config: dict[str, Any] = message["config"]
     return config
+
+
+def shrunk_message(iteration: int) -> dict[str, Any]:
+    return {"type": "shrunk", "iteration": iteration}
+
+
+LEAVE_MESSAGE: dict[str, Any] = {"type": "leave"}
 
 
 def parse_address(address: str) -> tuple[str, int] | str:

@@ -18,8 +18,9 @@ job's uploaded code (`code_dir`, first on the import path) or what the node has
 installed, and a reference that does not name a Trial subclass ends the rank with that
 one-line reason (the traceback goes to the job's log).
 
-Exit codes (`protocol.EXIT_CODES`): 0 succeeded, 3 suspended, 4 stopped, 1 failed (the
-`exit` message carries the traceback tail); argparse exits 2 on a usage error.
+Exit codes (`protocol.EXIT_CODES`): 0 succeeded, 3 suspended, 4 stopped, 5 left (an
+in-place shrink dropped the rank), 1 failed (the `exit` message carries the traceback
+tail); argparse exits 2 on a usage error.
 """
 
 from __future__ import annotations

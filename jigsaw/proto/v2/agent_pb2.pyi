@@ -137,7 +137,7 @@ class RegisterResponse(_message.Message):
     def __init__(self, agent_id: _Optional[int] = ..., node_id: _Optional[int] = ..., heartbeat_interval_seconds: _Optional[float] = ...) -> None: ...
 
 class AgentMessage(_message.Message):
-    __slots__ = ("hello", "heartbeat", "reports", "exit", "log", "evaluation", "profile")
+    __slots__ = ("hello", "heartbeat", "reports", "exit", "log", "evaluation", "profile", "shrunk")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     REPORTS_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class AgentMessage(_message.Message):
     LOG_FIELD_NUMBER: _ClassVar[int]
     EVALUATION_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    SHRUNK_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     heartbeat: Heartbeat
     reports: IterationReports
@@ -152,7 +153,8 @@ class AgentMessage(_message.Message):
     log: LogTail
     evaluation: Evaluation
     profile: ModelProfileReport
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[IterationReports, _Mapping]] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ..., log: _Optional[_Union[LogTail, _Mapping]] = ..., evaluation: _Optional[_Union[Evaluation, _Mapping]] = ..., profile: _Optional[_Union[ModelProfileReport, _Mapping]] = ...) -> None: ...
+    shrunk: JobShrunk
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., reports: _Optional[_Union[IterationReports, _Mapping]] = ..., exit: _Optional[_Union[JobExit, _Mapping]] = ..., log: _Optional[_Union[LogTail, _Mapping]] = ..., evaluation: _Optional[_Union[Evaluation, _Mapping]] = ..., profile: _Optional[_Union[ModelProfileReport, _Mapping]] = ..., shrunk: _Optional[_Union[JobShrunk, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("node_name", "running", "exits", "instance")
@@ -334,20 +336,22 @@ class StageProfile(_message.Message):
     def __init__(self, forward_seconds: _Optional[float] = ..., backward_input_seconds: _Optional[float] = ..., backward_weight_seconds: _Optional[float] = ..., activation_bytes: _Optional[int] = ..., parameter_bytes: _Optional[int] = ...) -> None: ...
 
 class SchedulerMessage(_message.Message):
-    __slots__ = ("launch", "stop", "suspend", "resume", "reconfigure", "cap")
+    __slots__ = ("launch", "stop", "suspend", "resume", "reconfigure", "cap", "shrink")
     LAUNCH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     SUSPEND_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
     RECONFIGURE_FIELD_NUMBER: _ClassVar[int]
     CAP_FIELD_NUMBER: _ClassVar[int]
+    SHRINK_FIELD_NUMBER: _ClassVar[int]
     launch: LaunchCommand
     stop: StopCommand
     suspend: SuspendCommand
     resume: LaunchCommand
     reconfigure: ReconfigureCommand
     cap: CapCommand
-    def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., stop: _Optional[_Union[StopCommand, _Mapping]] = ..., suspend: _Optional[_Union[SuspendCommand, _Mapping]] = ..., resume: _Optional[_Union[LaunchCommand, _Mapping]] = ..., reconfigure: _Optional[_Union[ReconfigureCommand, _Mapping]] = ..., cap: _Optional[_Union[CapCommand, _Mapping]] = ...) -> None: ...
+    shrink: ShrinkCommand
+    def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ..., stop: _Optional[_Union[StopCommand, _Mapping]] = ..., suspend: _Optional[_Union[SuspendCommand, _Mapping]] = ..., resume: _Optional[_Union[LaunchCommand, _Mapping]] = ..., reconfigure: _Optional[_Union[ReconfigureCommand, _Mapping]] = ..., cap: _Optional[_Union[CapCommand, _Mapping]] = ..., shrink: _Optional[_Union[ShrinkCommand, _Mapping]] = ...) -> None: ...
 
 class RankAssignment(_message.Message):
     __slots__ = ("rank", "gpu_index")
@@ -422,6 +426,24 @@ class CapCommand(_message.Message):
     job_id: int
     memory_bytes: int
     def __init__(self, job_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
+
+class ShrinkCommand(_message.Message):
+    __slots__ = ("launch",)
+    LAUNCH_FIELD_NUMBER: _ClassVar[int]
+    launch: LaunchCommand
+    def __init__(self, launch: _Optional[_Union[LaunchCommand, _Mapping]] = ...) -> None: ...
+
+class JobShrunk(_message.Message):
+    __slots__ = ("job_id", "attempt", "iteration", "ranks")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    ITERATION_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    job_id: int
+    attempt: int
+    iteration: int
+    ranks: _containers.RepeatedCompositeFieldContainer[RankAssignment]
+    def __init__(self, job_id: _Optional[int] = ..., attempt: _Optional[int] = ..., iteration: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ...) -> None: ...
 
 class JobSpec(_message.Message):
     __slots__ = ("name", "workload", "hyperparameters", "workers", "max_iterations", "target_metric", "priority", "queue", "spb", "backprop", "ooo_first_k", "pipeline", "max_retries", "eval_every", "code", "elastic", "batch")
