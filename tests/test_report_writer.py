@@ -6,6 +6,7 @@ the scrubbing at the endpoint would have caught: a row the database refuses.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -136,3 +137,22 @@ def test_replayed_rows_are_kept_once_and_do_not_move_progress(
         assert session.get_one(Job, job_id).iterations_done == 3
         count = session.scalar(select(func.count()).select_from(IterationMetric))
         assert count == 5
+
+
+def test_rows_are_stamped_when_they_came_not_when_their_batch_is_written(
+    factory: sessionmaker[Session], writer: ReportWriter
+) -> None:
+    """A resize's cost is measured between two reports: in one batch of writes they
+    keep the times they came at (here 0.2 s apart in a batch of 1 s)."""
+    job_id = _job(factory)
+    writer.metrics(job_id, [_row(1)])
+    time.sleep(0.2)
+    writer.metrics(job_id, [_row(2)])
+    assert writer.flush()
+    with factory() as session:
+        first, second = session.scalars(
+            select(IterationMetric.reported_at)
+            .where(IterationMetric.job_id == job_id)
+            .order_by(IterationMetric.iteration)
+        )
+    assert (second - first).total_seconds() >= 0.2

@@ -43,7 +43,10 @@ logger = logging.getLogger(__name__)
 class _Metrics:
     job_id: int
     rows: Sequence[dict[str, Any]]
-    replayed: bool = False
+    replayed: bool
+    # When they came: what resize and start costs are measured by, not the write's time
+    # (a batch of writes can hold what came a second apart).
+    received: datetime
 
 
 @dataclass(frozen=True)
@@ -122,7 +125,7 @@ class ReportWriter:
         self, job_id: int, rows: Sequence[dict[str, Any]], *, replayed: bool = False
     ) -> None:
         """`replayed`: rows an agent sends again after a restart (see the module)."""
-        self._put(_Metrics(job_id, rows, replayed))
+        self._put(_Metrics(job_id, rows, replayed, utcnow()))
 
     def log(self, job_id: int, rank: int, level: str, message: str) -> None:
         self._put(_Log(job_id, rank, level, message, utcnow()))
@@ -263,7 +266,9 @@ def _write(session: Session, jobs: Mapping[int, Sequence[_JobItem]]) -> _Written
         for item in jobs[job_id]:
             if isinstance(item, _Metrics):
                 rows = replayed if item.replayed else live
-                rows.extend({"job_id": job_id, **row} for row in item.rows)
+                rows.extend(
+                    {"job_id": job_id, **row, "reported_at": item.received} for row in item.rows
+                )
             elif isinstance(item, _Log):
                 logs.append(
                     {
