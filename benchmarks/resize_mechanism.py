@@ -103,27 +103,37 @@ startup (most of it when growing, about half when shrinking).
 
 **Choice.** Keep checkpoint-restart as the mechanism that always works (ranks moving to
 other GPUs or nodes, a joiner that fails to start, fencing, and a checkpoint to recover
-from), and add in-place as the fast path when the ranks that stay keep their GPUs:
-every shrink, and a growth whose joiners start from the warm pool. Write the checkpoint
-at the boundary first in both (tens of milliseconds), so that a re-formation that times
-out falls back to a restart from it. `resized` events already carry `mechanism`, so the
-policy learns each one's cost apart.
+from), and add in-place as the fast path when the ranks that stay keep their GPUs.
+**Built for shrinks** (2026-11-26: `ShrinkCommand`, `scheduler/resize.py`): a shrink to
+some of a one-node gang's GPUs that keeps its rank 0's. Every rank writes the checkpoint
+at the boundary first (tens of milliseconds); the ranks that stay then leave the group
+and resume from that checkpoint in the same processes through the runtime's own start
+(`loop.run_worker`: a new group on a new port, the trial, model, optimizer, data
+position and batch split rebuilt from the checkpoint, as a restarted process would),
+the others exit. That pays a rebuild this benchmark's in-place does not (it keeps the
+model in memory), but carries every piece of state a restart carries, through the same
+code: the live cluster measured 0.2 s for a 2 -> 1 shrink against 5.4 s for a cold
+restart and 0.9 s for a warm one in the same run ([elastic.md](elastic.md)). Growth
+stays a restart (its joiners start processes anyway; the warm pool takes most of that),
+as do gangs over several nodes. `resized` events carry `mechanism`; the policy charges
+a growth what restarts cost.
 
-**What in-place needs in the runtime.** A boundary decision carrying the new world size,
-the ranks that leave and a new rendezvous (a fresh port: rank 0's TCPStore goes with the
-old group), and the agent starting joiners in a join mode, with a timeout. Teardown in
-order: the schedule's DDP reducer, comm hooks and their futures released before
-`destroy_process_group` (the hang `loop.run_worker` notes). State to joiners: parameters
-and buffers, optimizer state (K-FAC's factors included), iteration, global batch and
-data position; `ShardedBatches` rebuilt for the new rank and world at the same position
-in global batches (converted when an adaptive batch changes, as `checkpoint.load` does);
-the elastic batch split, noise estimator and AdaScale gain rebuilt. RNG: survivors keep
-their streams and joiners seed theirs; to match a restart exactly, rank 0 keeps the
-streams of ranks that left (gathered at the boundary, as `checkpoint.save` does) for
-whoever later joins as those ranks. Groups: every group built on the old world (SPB's
-per-stage exchange groups and its cut, the out-of-order schedules' per-layer groups,
-K-FAC's, `BoundarySync`'s agreement) built again with `new_group` on the new world.
-Pipeline jobs (a stage per rank) stay restart-only.
+**What in-place needs in the runtime** (for the in-memory variant measured here). A
+boundary decision carrying the new world size, the ranks that leave and a new rendezvous
+(a fresh port: rank 0's TCPStore goes with the old group), and the agent starting
+joiners in a join mode, with a timeout. Teardown in order: the schedule's DDP reducer,
+comm hooks and their futures released before `destroy_process_group` (the hang
+`loop.run_worker` notes). State to joiners: parameters and buffers, optimizer state
+(K-FAC's factors included), iteration, global batch and data position; `ShardedBatches`
+rebuilt for the new rank and world at the same position in global batches (converted
+when an adaptive batch changes, as `checkpoint.load` does); the elastic batch split,
+noise estimator and AdaScale gain rebuilt. RNG: survivors keep their streams and joiners
+seed theirs; to match a restart exactly, rank 0 keeps the streams of ranks that left
+(gathered at the boundary, as `checkpoint.save` does) for whoever later joins as those
+ranks. Groups: every group built on the old world (SPB's per-stage exchange groups and
+its cut, the out-of-order schedules' per-layer groups, K-FAC's, `BoundarySync`'s
+agreement) built again with `new_group` on the new world. Pipeline jobs (a stage per
+rank) stay restart-only.
 """
 
 

@@ -716,7 +716,7 @@ class SchedulerService:
                 resize_models.record_asked(
                     session, job.id, resize.gpu_ids, len(gang), actor=ACTOR, now=now
                 )
-                smaller = in_place(gang, resize)
+                smaller = in_place(gang, resize) if self._settings.resize_in_place else None
                 launch = (
                     Launch(
                         job_id=job.id,

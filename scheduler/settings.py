@@ -118,6 +118,12 @@ class SchedulerSettings(BaseSettings):
         ge=1,
         description="Iterations a job may run before its lease must be renewed at a boundary.",
     )
+    resize_in_place: bool = Field(
+        default=True,
+        description="Shrink an elastic job in place where its gang is on one node and keeps "
+        "its rank 0's GPU (the ranks that stay go on in their processes); false: every "
+        "resize is a checkpoint-restart.",
+    )
     agent_timeout_seconds: float = Field(
         default=30.0,
         gt=0,
