@@ -186,6 +186,27 @@ def test_a_shrink_on_one_node_is_asked_in_place_and_its_report_frees_the_gpus_le
     assert held_gpus(factory, job_id) == [("a", 0)]
 
 
+def test_with_in_place_off_a_shrink_is_a_restart(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_nodes(factory, {"a": 2})
+    job_id = _elastic_job(factory)
+    wanted: list[Resize] = []
+
+    def resizing(snapshot: ClusterSnapshot) -> Plan:
+        return Plan(start=fifo.schedule(snapshot).start, resize=tuple(wanted))
+
+    monkeypatch.setitem(POLICIES, "resizing", resizing)
+    dispatcher = Shrinking()
+    settings = SETTINGS.model_copy(update={"resize_in_place": False})
+    loop = SchedulerService(factory, dispatcher, settings, policy_name="resizing")
+    loop.run_round(T0)
+    wanted[:] = [Resize(job_id, (_gpu_ids(factory)[0],))]
+    [decision] = loop.run_round(T0 + timedelta(seconds=2)).decisions
+    assert decision.detail["mechanism"] == "checkpoint-restart"
+    assert dispatcher.shrinks == [] and dispatcher.commands[-1] == Command("suspend", job_id)
+
+
 def _worker(rank: int, gpu_id: int, node: str = "a") -> Worker:
     return Worker(rank, gpu_id, 1 if node == "a" else 2, node, gpu_id % 10)
 
