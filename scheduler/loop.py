@@ -759,8 +759,8 @@ class SchedulerService:
             return False
 
     def _shrunk(self, session: Session, job: Job, report: Report, now: datetime) -> None:
-        """Apply an in-place shrink: the GPUs left are free, the resize's cost is measured
-        once the smaller gang reports (`_measure_resizes`)."""
+        """Apply an in-place shrink: the GPUs left are free, and the cost of one this
+        leader asked is measured once the smaller gang reports (`_measure_resizes`)."""
         changed = resize_models.shrink(session, job.id, report.node, report.ranks, now)
         pending = self._resizing.pop(job.id, None)
         if changed is None:
@@ -773,10 +773,10 @@ class SchedulerService:
             )
             return
         held, kept = changed
-        resize = pending.resize if pending is not None else Resize(job.id, kept)
-        self._measuring[job.id] = PendingResize(
-            replace(resize, gpu_ids=kept), held, report.iterations_done, IN_PLACE
-        )
+        if pending is not None:  # asked by this leader: its boundary is known
+            self._measuring[job.id] = PendingResize(
+                replace(pending.resize, gpu_ids=kept), held, report.iterations_done, IN_PLACE
+            )
 
     def _relaunch_resized(self, now: datetime) -> int:
         """Place the jobs that checkpointed for a resize on their new gang, once all their

@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -443,6 +444,58 @@ def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
         kinds = [stream.commands.get(timeout=10).WhichOneof("command") for _ in range(2)]
         assert kinds == ["suspend", "stop"]
         assert stream.commands.empty()
+    finally:
+        stream.close()
+
+
+def test_an_in_place_shrink_round_trip(endpoint: Endpoint) -> None:
+    """The command carries the smaller gang's launch on a new port; the agent's JobShrunk
+    of the run becomes a SHRUNK report, one of another attempt is dropped."""
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    job_id = add_job(endpoint)
+    allocate(endpoint, job_id, {0: 0, 1: 1})
+    stream = Stream(endpoint, hello(running={job_id: {0: 0, 1: 1}}))
+    try:
+        _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
+        full = launch(endpoint, job_id, start_iteration=7)
+        smaller = replace(full, workers=full.workers[:1])
+        assert not endpoint.dispatcher.shrink(replace(smaller, attempt=2))  # not the run's
+        assert endpoint.dispatcher.shrink(smaller)
+        command = stream.commands.get(timeout=10)
+        assert command.WhichOneof("command") == "shrink"
+        sent = command.shrink.launch
+        assert [(r.rank, r.gpu_index) for r in sent.ranks] == [(0, 0)]
+        assert (sent.world_size, sent.attempt, sent.start_iteration) == (1, 1, 7)
+
+        ranks = [pb.RankAssignment(rank=0, gpu_index=0)]
+        stream.send(pb.AgentMessage(shrunk=pb.JobShrunk(job_id=job_id, attempt=2, ranks=ranks)))
+        stream.send(
+            pb.AgentMessage(shrunk=pb.JobShrunk(job_id=job_id, attempt=1, iteration=9, ranks=ranks))
+        )
+        _wait(lambda: endpoint.dropped("stale_attempt") == 1)
+        reports = _poll(endpoint.dispatcher)
+        assert [(r.outcome, r.iterations_done, r.node, r.ranks) for r in reports] == [
+            (RunOutcome.SHRUNK, 9, "node-a", (0,))
+        ]
+    finally:
+        stream.close()
+
+
+def test_a_shrink_whose_report_was_lost_is_claimed_not_stopped(endpoint: Endpoint) -> None:
+    """A reconnecting agent runs fewer ranks of the run than the database holds, as an
+    in-place shrink leaves them: taken as that shrink, not stopped as a stray."""
+    endpoint.stub.Register(register_request(gpus=3), metadata=endpoint.auth())
+    shrunk, other = add_job(endpoint), add_job(endpoint)
+    allocate(endpoint, shrunk, {0: 0, 1: 1})
+    allocate(endpoint, other, {0: 2})
+    # Rank 0's GPU gone: not what a shrink leaves.
+    stream = Stream(endpoint, hello(running={shrunk: {0: 0}, other: {0: 1}}))
+    try:
+        _wait(lambda: endpoint.dispatcher.active() == {shrunk: frozenset({"node-a"})})
+        [report] = _poll(endpoint.dispatcher)
+        assert (report.job_id, report.outcome, report.ranks) == (shrunk, RunOutcome.SHRUNK, (0,))
+        command = stream.commands.get(timeout=10)
+        assert (command.WhichOneof("command"), command.stop.job_id) == ("stop", other)
     finally:
         stream.close()
 

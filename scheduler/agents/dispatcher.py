@@ -388,9 +388,7 @@ class AgentDispatcher:
             self._job_ports[launch.job_id] = port
         with transaction(self._factory) as db:
             cap = self._cap(db, launch, node)
-        assignments = [
-            pb.RankAssignment(rank=w.rank, gpu_index=w.gpu_index) for w in launch.workers
-        ]
+        assignments = _assignments({w.rank: w.gpu_index for w in launch.workers})
         spec = convert.spec_message(JobSpec.model_validate(launch.spec))
         command = self._launch_command(launch, spec, assignments, port, cap)
         logger.info(
@@ -554,7 +552,11 @@ class AgentDispatcher:
             if attempt != held.attempt:
                 return STALE_ATTEMPT if attempt < held.attempt else NOT_ALLOCATED
             if ranks != held.ranks:
-                return NOT_ALLOCATED
+                if not _shrunk_from(held.ranks, ranks):
+                    return NOT_ALLOCATED
+                # Shrunk in place, its JobShrunk lost with a stream: the run is what runs.
+                shrunk = pb.JobShrunk(job_id=job_id, attempt=attempt, ranks=_assignments(ranks))
+                self._exits.put((node_name, shrunk))
             return Run(attempt, ranks, instance, current=True)
         # The job moved on from this node: its processes are ended, then forgotten.
         return Run(attempt, ranks, instance, current=False)
@@ -645,6 +647,20 @@ class AgentDispatcher:
             raise RuntimeError(f"all rendezvous ports {self._ports} are taken")
         # Random, not lowest: a port a crashed job left in TIME_WAIT is unlikely to recur.
         return random.choice(candidates)
+
+
+def _shrunk_from(held: Mapping[int, int], ranks: Mapping[int, int]) -> bool:
+    """Whether `ranks` (rank -> GPU index) is what an in-place shrink leaves of `held`."""
+    return (
+        bool(ranks)
+        and sorted(ranks) == list(range(len(ranks)))
+        and ranks.get(0) == held.get(0)
+        and set(ranks.values()) < set(held.values())
+    )
+
+
+def _assignments(ranks: Mapping[int, int]) -> list[pb.RankAssignment]:
+    return [pb.RankAssignment(rank=rank, gpu_index=index) for rank, index in ranks.items()]
 
 
 def _shrunk_report(node: str, message: pb.JobShrunk) -> Report:
