@@ -10,8 +10,8 @@ scheduler. It knows neither gRPC nor the protocol's messages.
 A job whose every rank runs here may shrink in place (`shrink`): at its next boundary
 each rank checkpoints and says "shrunk"; the ranks on the new gang's GPUs are given their
 configuration in it (renumbered, the same GPU) and train on in the same processes, the
-others exit (`Outcome.LEFT`) and their GPUs are free once they have; `Shrunk` tells the
-scheduler once every rank has been answered.
+others exit (`Outcome.LEFT`); `Shrunk` tells the scheduler once they have, so that
+their GPUs go to other jobs only when free.
 
 A job never has two runs here, and a launch older than an attempt seen here never
 starts: the attempt is the run's fence (the scheduler's placement number), also written
@@ -297,7 +297,10 @@ class Supervisor:
                 return
             why = _why_not_in_place(job, launch)
             if why is None:
-                config_on = {launch.gpus[config.rank]: config for config in launch.configs}
+                config_on = {}
+                for config in launch.configs:
+                    index = launch.gpus[config.rank]  # a GPU the job holds: it counts there
+                    config_on[index] = self._threaded(config, index, len(self._on_gpu(index)))
                 job.shrink = {n: config_on.get(r.gpu_index) for n, r in job.ranks.items()}
                 job.shrunk = {}
                 job.action = Action.SHRINK
@@ -432,7 +435,7 @@ class Supervisor:
             job
             for job in self._jobs.values()
             if any(
-                rank.gpu_index == index and (rank.rank in job.ranks or not rank.reaped)
+                rank.gpu_index == index and (job.ranks.get(rank.rank) is rank or not rank.reaped)
                 for rank in job.started.values()
             )
         ]
@@ -471,6 +474,11 @@ class Supervisor:
             key = (job.job_id, index)
             self._co_runners[key] = max(self._co_runners.get(key, 0), peak)
         self._co_runners[(config.job_id, index)] = peak
+        return self._threaded(config, index, jobs)
+
+    def _threaded(self, config: WorkerConfig, index: int, jobs: int) -> WorkerConfig:
+        """The rank's configuration with its share of a virtual slot's threads among
+        `jobs` jobs there."""
         if not self.node.slots[index].virtual or jobs == 1:
             return config
         return config.model_copy(update={"torch_threads": max(1, self.node.torch_threads // jobs)})
@@ -643,7 +651,7 @@ class Supervisor:
                 return
             if all(other.returncode is not None for other in job.ranks.values()):
                 del self._jobs[job.job_id]
-                for other in job.ranks.values():
+                for other in job.started.values():
                     self._co_runners.pop((job.job_id, other.gpu_index), None)
                 self.outbound.put(_job_exit(job))
                 self._changed.notify_all()
@@ -755,6 +763,8 @@ def _why_not_in_place(job: _Job, launch: JobLaunch) -> str | None:
         return f"attempt {launch.attempt} is not the running {job.attempt}"
     if job.action is not Action.CONTINUE:
         return f"it is told to {job.action.value} already"
+    if job.shrink is not None:
+        return "its previous shrink is under way"
     if len(job.ranks) != job.world_size:
         return "some of its ranks run on other nodes"
     if not job.checkpointed:

@@ -94,17 +94,6 @@ def shrink(
     return len(held), tuple(held[key].gpu_id for key in keys)
 
 
-def held_gpus(session: Session, job_id: int) -> list[int]:
-    """The GPUs the job holds now."""
-    return list(
-        session.scalars(
-            select(Allocation.gpu_id).where(
-                Allocation.job_id == job_id, Allocation.released_at.is_(None)
-            )
-        )
-    )
-
-
 def record_asked(
     session: Session, job_id: int, gpu_ids: Sequence[int], held: int, *, actor: str, now: datetime
 ) -> None:
