@@ -179,6 +179,7 @@ def test_a_shrink_on_one_node_is_asked_in_place_and_its_report_frees_the_gpus_le
         "global_batch": None,
         "mechanism": "in-place",
     }
+    assert event.message == "resized from 2 to 1 GPU(s) at iteration 30 in 0.50 s (in place)"
     assert "resized" in [d.kind for d in shrunk.decisions]
     # A report of GPUs it does not hold changes nothing.
     dispatcher.pending.append(Report(job_id, 40, RunOutcome.SHRUNK, "shrank", node="a", ranks=(2,)))

@@ -140,7 +140,8 @@ def record_resized(
             actor=actor,
             message=(
                 f"resized from {details['from_workers']} to {details['to_workers']} GPU(s) "
-                f"at iteration {details['iteration']} in {details['seconds']:.2f} s"
+                f"at iteration {details['iteration']} in {details['seconds']:.2f} s "
+                f"({'in place' if details.get('mechanism') == IN_PLACE else 'by a restart'})"
             ),
             data=details,
             created_at=now,
