@@ -300,7 +300,10 @@ class FailingOnce(SimulatedDispatcher):
 def test_run_forever_survives_a_failed_round(factory: sessionmaker[Session]) -> None:
     add_nodes(factory, {"a": 1})
     job_id = add_job(factory, 1)
-    loop, _ = service(factory, FailingOnce(iterations_per_second=1))
+    # Rounds 0.1 s apart: back to back (a loaded machine's rounds outlast 0.01 s), they
+    # would keep SQLite's one pooled connection from this test's reads for its 30 s.
+    settings = SETTINGS.model_copy(update={"round_seconds": 0.1})
+    loop = SchedulerService(factory, FailingOnce(iterations_per_second=1), settings)
     # Heartbeats at T0 would expire against the wall clock: keep the agent fresh.
     with transaction(factory) as session:
         session.execute(
