@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from api.server import free_port
 from tests.gpu import GPU_LANE, needs_gpus
 from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
@@ -154,3 +155,39 @@ def test_suspend_and_resume_on_the_gpu_continue_the_same_trajectory(tmp_path: Pa
     for name, tensor in expected["model"].items():
         # cuDNN and cuBLAS may pick other kernels in a new process: close, not equal.
         assert torch.allclose(actual["model"][name], tensor, rtol=1e-4, atol=1e-6), name
+
+
+def _reformed(configs: list[WorkerConfig], keep: int) -> list[WorkerConfig]:
+    """The first `keep` ranks' configurations in the smaller gang, on a new port."""
+    port = free_port()
+    return [
+        config.model_copy(update={"world_size": keep, "master_port": port})
+        for config in configs[:keep]
+    ]
+
+
+_ELASTIC = {**_JOB, "max_micro_batch": 32}  # global batch 64: 2 x 32, or 1 x 32 x 2
+
+
+def test_an_nccl_group_is_formed_again_in_the_same_process(tmp_path: Path) -> None:
+    """What an in-place resize does to a rank that stays, on one GPU: checkpoint at the
+    boundary, destroy the NCCL group, form a new one on another port, resume."""
+    configs = worker_configs(1, device="cuda:0", checkpoint_dir=tmp_path, **_ELASTIC)
+    (controller,) = run_gang(
+        configs, [LocalController(shrink_at=10, shrink_to=_reformed(configs, 1)[0])]
+    )
+    assert controller.shrunk_at == 10 and controller.checks.count(10) == 2
+    _assert_trained_on_cuda(controller)
+
+
+@needs_gpus(2)
+def test_a_two_gpu_gang_shrinks_in_place_and_trains_on_over_nccl(tmp_path: Path) -> None:
+    configs = _on_gpus(worker_configs(2, checkpoint_dir=tmp_path, **_ELASTIC))
+    smaller = _reformed(configs, 1)
+    controllers = run_gang(
+        configs,
+        [LocalController(shrink_at=10, shrink_to=smaller[0]), LocalController()],
+    )
+    _assert_trained_on_cuda(controllers[0])
+    assert [r.workers for r in controllers[0].records] == [2] * 10 + [1] * (ITERATIONS - 10)
+    assert controllers[1].status is not None and controllers[1].status.outcome is Outcome.LEFT
