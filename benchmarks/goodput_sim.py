@@ -72,8 +72,10 @@ request) at B = 1.25: 2,974 s, p99 above Tiresias on 7; 1.5: 2,858 s, on 5; 2: 2
 4, two of them new; the drain's tail jobs exempt from the long-job floor: p99 above on 3
 (workload-3 among the fixed), mean 2,778 s, but with goodput 2,468 -> 2,712 s (+9.9%: the
 Pollux target lost); larger growth margins (`min_grow_saving` 2,400 s, `min_grow_share`
-0.2) and less stickiness (0.4): above on 5-6, other cases. A job that must not wait
-behind shorter ones says `priority`; `batch: {adaptive: true}` removes the excess here.
+0.2) and less stickiness (0.4): above on 5-6, other cases; a hold before a moved job
+grows again (30 or 60 minutes, against the churn): above on 8-10, and with goodput
+2,797-3,014 s. A job that must not wait behind shorter ones says `priority`;
+`batch: {adaptive: true}` removes the excess here.
 """
 VARIANTS = {  # name: (policy, adaptive batch)
     "jigsaw goodput": ("jigsaw", True),
