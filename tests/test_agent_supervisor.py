@@ -369,6 +369,17 @@ def test_the_outbox_sends_a_runs_first_records_at_once() -> None:
     outbox.put(first)  # a new run of the job (a resume) starts at once again
     message = outbox.next_message(0, never)
     assert message is not None and message.HasField("reports")
+    exit_message = outbox.next_message(0, never)
+    assert exit_message is not None and exit_message.HasField("exit")
+    # Either side of an in-place shrink the run goes on, but its records are urgent.
+    outbox.put(agent_pb2.JobIterations(job_id=1, records=[agent_pb2.IterationRecord(iteration=2)]))
+    assert outbox.next_message(0, never) is None
+    outbox.put(
+        agent_pb2.JobIterations(job_id=1, records=[agent_pb2.IterationRecord(iteration=3)]),
+        urgent=True,
+    )
+    message = outbox.next_message(0, never)
+    assert message is not None and len(message.reports.jobs[0].records) == 2
 
 
 def _elastic(job_id: int, checkpoints: Path, **fields: Any) -> agent_pb2.LaunchCommand:
