@@ -29,7 +29,10 @@ pytestmark = pytest.mark.timeout(420)
 GPUS = 4
 QUEUE = {"quota": 2, "borrowing_limit": 2}
 CAP = QUEUE["quota"] + QUEUE["borrowing_limit"]
-A_ITERATIONS = 400
+# Long enough that none of A's jobs ends before all four train: under CI's load their
+# cold starts are seconds apart, and at 400 two of them once ended before B came, which
+# then needed no GPU back.
+A_ITERATIONS = 1000
 B_ITERATIONS = 40
 
 
