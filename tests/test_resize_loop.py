@@ -59,18 +59,25 @@ def _gpu_ids(factory: sessionmaker[Session]) -> list[int]:
         return list(session.scalars(select(GPU.id).order_by(GPU.id)))
 
 
-def test_a_resize_checkpoints_relaunches_on_the_new_gang_and_records_its_cost(
-    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    add_nodes(factory, {"a": 2})
-    job_id = _elastic_job(factory)
-    first_gpu = _gpu_ids(factory)[0]
+def _resizing(monkeypatch: pytest.MonkeyPatch) -> list[Resize]:
+    """Installs policy "resizing": FIFO's placements and the resizes the returned list
+    holds each round (the test fills it)."""
     wanted: list[Resize] = []
 
     def resizing(snapshot: ClusterSnapshot) -> Plan:
         return Plan(start=fifo.schedule(snapshot).start, resize=tuple(wanted))
 
     monkeypatch.setitem(POLICIES, "resizing", resizing)
+    return wanted
+
+
+def test_a_resize_checkpoints_relaunches_on_the_new_gang_and_records_its_cost(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_nodes(factory, {"a": 2})
+    job_id = _elastic_job(factory)
+    first_gpu = _gpu_ids(factory)[0]
+    wanted = _resizing(monkeypatch)
     dispatcher = SimulatedDispatcher(iterations_per_second=10)
     loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="resizing")
     loop.run_round(T0)
@@ -140,12 +147,7 @@ def test_a_shrink_on_one_node_is_asked_in_place_and_its_report_frees_the_gpus_le
 ) -> None:
     add_nodes(factory, {"a": 3})
     job_id = _elastic_job(factory)
-    wanted: list[Resize] = []
-
-    def resizing(snapshot: ClusterSnapshot) -> Plan:
-        return Plan(start=fifo.schedule(snapshot).start, resize=tuple(wanted))
-
-    monkeypatch.setitem(POLICIES, "resizing", resizing)
+    wanted = _resizing(monkeypatch)
     dispatcher = Shrinking()
     loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="resizing")
     loop.run_round(T0)
@@ -192,12 +194,7 @@ def test_with_in_place_off_a_shrink_is_a_restart(
 ) -> None:
     add_nodes(factory, {"a": 2})
     job_id = _elastic_job(factory)
-    wanted: list[Resize] = []
-
-    def resizing(snapshot: ClusterSnapshot) -> Plan:
-        return Plan(start=fifo.schedule(snapshot).start, resize=tuple(wanted))
-
-    monkeypatch.setitem(POLICIES, "resizing", resizing)
+    wanted = _resizing(monkeypatch)
     dispatcher = Shrinking()
     settings = SETTINGS.model_copy(update={"resize_in_place": False})
     loop = SchedulerService(factory, dispatcher, settings, policy_name="resizing")
