@@ -3,7 +3,9 @@
 Each policy gets its own real `jigsaw up` (SQLite) and one `jigsaw agent` whose GPU
 slots each take up to `MAX_JOBS_PER_GPU` jobs: virtual GPUs (CPU processes) with
 `--device cpu`, the node's CUDA devices with `--device cuda`. The whole mix, small and
-large built-in jobs at several batch sizes, is submitted at once. FIFO places every
+large built-in jobs at several batch sizes, is submitted at once: `--mix idle` (the
+default), jobs that each leave the device mostly idle, or `--mix saturating`, jobs that
+each keep it busy, where packing can only lose (the model should say so). FIFO places every
 job on GPUs of its own (exclusive); JigSaw may pack a job beside another where the
 interference model predicts a gain. Reported per policy, from what the database
 recorded (jobs, allocations): makespan and mean JCT (and both over FIFO's, measured in
@@ -15,7 +17,7 @@ job's solo utilization as measured in the FIFO run, and the best pair's combined
 throughput under the fitted interference model (1 = no better than one after the
 other).
 
-    python -m benchmarks.packing [--device cpu|cuda] [--json | --markdown]
+    python -m benchmarks.packing [--device cpu|cuda] [--mix idle|saturating] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tests.cluster import cluster
 from tests.servers import JIGSAW, TERMINAL
 
 Device = Literal["cpu", "cuda"]
+Mix = Literal["idle", "saturating"]
 
 POLICIES = ("fifo", "jigsaw")
 NODE = "packing-0"
@@ -48,26 +51,39 @@ MAX_JOBS_PER_GPU = 4
 LEASE_ITERATIONS = 20
 
 
-# Small jobs (an MLP, small batches) and larger ones (convolutions, larger batches); on
-# CUDA the synthetic ResNet and transformer besides, at batches that leave a large GPU
-# mostly idle alone (the issue's mix of jobs that each leave it half idle).
-MIXES: dict[Device, list[tuple[str, int]]] = {
-    "cpu": [
-        ("digits-mlp", 16),
-        ("digits-mlp", 64),
-        ("digits-mlp", 256),
-        ("digits-cnn", 64),
-        ("digits-cnn", 256),
-        ("transformer-synthetic", 32),
-    ],
-    "cuda": [
-        ("resnet-synthetic", 32),
-        ("resnet-synthetic", 128),
-        ("resnet-synthetic", 512),
-        ("transformer-synthetic", 32),
-        ("transformer-synthetic", 256),
-        ("digits-cnn", 256),
-    ],
+# "idle": small jobs (an MLP, small batches) and larger ones (convolutions, larger
+# batches); on CUDA the synthetic ResNet and transformer besides, at batches that leave a
+# large GPU mostly idle alone (the issue's mix of jobs that each leave it half idle).
+# "saturating": ResNet-18 at batches that keep the device busy alone (on an H100, 79% at
+# batch 1024 in bf16 by ../shared/measurements/h100; more at 2048), where a pair runs
+# no faster than one after the other.
+MIXES: dict[Mix, dict[Device, list[tuple[str, int]]]] = {
+    "idle": {
+        "cpu": [
+            ("digits-mlp", 16),
+            ("digits-mlp", 64),
+            ("digits-mlp", 256),
+            ("digits-cnn", 64),
+            ("digits-cnn", 256),
+            ("transformer-synthetic", 32),
+        ],
+        "cuda": [
+            ("resnet-synthetic", 32),
+            ("resnet-synthetic", 128),
+            ("resnet-synthetic", 512),
+            ("transformer-synthetic", 32),
+            ("transformer-synthetic", 256),
+            ("digits-cnn", 256),
+        ],
+    },
+    "saturating": {
+        "cpu": [("resnet18-synthetic", 4), ("resnet18-synthetic", 8), ("resnet18-synthetic", 16)],
+        "cuda": [
+            ("resnet18-synthetic", 1024),
+            ("resnet18-synthetic", 1536),
+            ("resnet18-synthetic", 2048),
+        ],
+    },
 }
 # Each job's length: about this many seconds of its profiled step alone (the runtime's
 # own time per iteration comes on top), in whole leases, so that a mix takes about as
@@ -188,12 +204,12 @@ def solo_utilization(client: JigsawClient, job_id: int) -> float | None:
 
 
 def run_policy(
-    policy: str, device: Device, home: Path, profiles: Sequence[Mapping[str, Any]]
+    policy: str, device: Device, mix: Mix, home: Path, profiles: Sequence[Mapping[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The policy's row, and each job's solo utilization by name (meaningful under
     FIFO, where no job shares a GPU). `profiles`: each job's, stored before it is
     submitted."""
-    mix = [
+    specs = [
         job_spec(profile["workload"], profile["per_worker_batch"], step_seconds(profile), device)
         for profile in profiles
     ]
@@ -218,24 +234,26 @@ def run_policy(
                 client.put_profile(
                     profile["workload"], {k: v for k, v in profile.items() if k != "workload"}
                 )
-            ids = [client.submit(spec)["id"] for spec in mix]
+            ids = [client.submit(spec)["id"] for spec in specs]
             wait(lambda: all(client.get_job(i)["state"] in TERMINAL for i in ids), "the jobs")
             jobs = [client.get_job(i) for i in ids]
             holds = holds_of(client, ids)
             suspended = sum(policy_suspensions(client, i) for i in ids)
             utilization = {
-                spec["name"]: solo_utilization(client, i) for spec, i in zip(mix, ids, strict=True)
+                spec["name"]: solo_utilization(client, i)
+                for spec, i in zip(specs, ids, strict=True)
             }
     makespan, mean_jct = makespan_and_mean_jct(jobs)
     row = {
         "policy": policy,
         "device": device,
+        "mix": mix,
         "gpu": profiles[0]["device_kind"],
         "jobs": len(jobs),
         "makespan_s": makespan,
         "mean_jct_s": mean_jct,
         "packings": packings(holds),
-        "lost_jobs": len(lost(jobs, mix)),
+        "lost_jobs": len(lost(jobs, specs)),
         "duplicate_launches": duplicate_launches(holds),
         "suspensions": suspended,
     }
@@ -273,6 +291,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument(
+        "--mix",
+        choices=tuple(MIXES),
+        default="idle",
+        help="jobs that leave the device mostly idle, or that each keep it busy",
+    )
+    parser.add_argument(
         "--keep",
         type=Path,
         metavar="DIR",
@@ -281,11 +305,12 @@ def main() -> None:
     add_output_options(parser)
     args = parser.parse_args()
     device: Device = args.device
-    profiles = [measured_profile(workload, batch, device) for workload, batch in MIXES[device]]
+    mix: Mix = args.mix
+    profiles = [measured_profile(workload, batch, device) for workload, batch in MIXES[mix][device]]
     with tempfile.TemporaryDirectory(prefix="jigsaw-packing-") as scratch:
         home = args.keep or Path(scratch)
         results = {
-            policy: run_policy(policy, device, home / policy, profiles) for policy in POLICIES
+            policy: run_policy(policy, device, mix, home / policy, profiles) for policy in POLICIES
         }
     fifo = results["fifo"][0]
     # Solo utilizations from the FIFO run, where every job had its GPU to itself.
@@ -305,7 +330,7 @@ def main() -> None:
         sys.stdout.write(MARKDOWN_HEAD + "\n")
     emit(
         rows,
-        f"FIFO vs JigSaw on a live cluster ({device})",
+        f"FIFO vs JigSaw on a live cluster ({device}, {mix} mix)",
         args.output,
         {"makespan_vs_fifo": "{:.2f}x", "jct_vs_fifo": "{:.2f}x", "predicted_best_pair": "{:.2f}"},
     )
@@ -337,7 +362,8 @@ and peak memory), and each job is given about 4 s of its profiled step in whole 
 stored and one `jigsaw agent` with 2 virtual GPUs, each slot taking up to 4 jobs
 (`JIGSAW_AGENT_MAX_JOBS_PER_GPU`), leases of 20 iterations; six one-GPU jobs submitted
 at once: `digits-mlp` at batches 16, 64 and 256, `digits-cnn` at 64 and 256,
-`transformer-synthetic` at 32 (the job names say which). FIFO gives every job GPUs of its
+`transformer-synthetic` at 32 (`--mix saturating`: three, `resnet18-synthetic` at 4, 8
+and 16; the job names say which). FIFO gives every job GPUs of its
 own; JigSaw (the default policy, default parameters) may pack, from the profiles before
 a job has run. From the stored jobs, allocations and events: `packings` (placements onto
 a GPU another job held then), `lost_jobs` (not SUCCEEDED with every iteration),

@@ -35,6 +35,7 @@ BUILTIN_PARAMETER_LAYERS: dict[str, int] = {
     "digits-cnn": 3,
     "text-transformer": 16,
     "resnet-synthetic": 19,
+    "resnet18-synthetic": 41,
     "transformer-synthetic": 16,
 }
 BUILTIN_WORKLOADS: frozenset[str] = frozenset(BUILTIN_PARAMETER_LAYERS)
@@ -54,6 +55,7 @@ BUILTIN_METRICS: dict[str, frozenset[str]] = {
     "digits-cnn": _CLASSIFICATION_METRICS,
     "text-transformer": _LANGUAGE_MODEL_METRICS,
     "resnet-synthetic": _CLASSIFICATION_METRICS,
+    "resnet18-synthetic": _CLASSIFICATION_METRICS,
     "transformer-synthetic": _LANGUAGE_MODEL_METRICS,
 }
 

@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -429,14 +430,23 @@ def test_nul_and_non_finite_values_from_trial_code_are_scrubbed_where_they_enter
         stream.close()
 
 
-def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
+@contextmanager
+def _running(endpoint: Endpoint, gpus: dict[int, int]) -> Iterator[tuple[int, Stream]]:
+    """A job whose ranks run on node-a's `gpus` (rank -> GPU index), as its agent says
+    when it reconnects after a scheduler restart; the job's id and the agent's stream."""
     endpoint.stub.Register(register_request(), metadata=endpoint.auth())
     job_id = add_job(endpoint)
-    allocate(endpoint, job_id, {0: 0, 1: 1})
-    # The agent reconnects after a scheduler restart and says what it still runs.
-    stream = Stream(endpoint, hello(running={job_id: {0: 0, 1: 1}}))
+    allocate(endpoint, job_id, gpus)
+    stream = Stream(endpoint, hello(running={job_id: gpus}))
     try:
         _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
+        yield job_id, stream
+    finally:
+        stream.close()
+
+
+def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
+    with _running(endpoint, {0: 0, 1: 1}) as (job_id, stream):
         endpoint.dispatcher.suspend(job_id)
         endpoint.dispatcher.suspend(job_id)
         endpoint.dispatcher.stop(job_id)
@@ -444,19 +454,12 @@ def test_stop_and_suspend_go_to_each_node_once(endpoint: Endpoint) -> None:
         kinds = [stream.commands.get(timeout=10).WhichOneof("command") for _ in range(2)]
         assert kinds == ["suspend", "stop"]
         assert stream.commands.empty()
-    finally:
-        stream.close()
 
 
 def test_an_in_place_shrink_round_trip(endpoint: Endpoint) -> None:
     """The command carries the smaller gang's launch on a new port; the agent's JobShrunk
     of the run becomes a SHRUNK report, one of another attempt is dropped."""
-    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
-    job_id = add_job(endpoint)
-    allocate(endpoint, job_id, {0: 0, 1: 1})
-    stream = Stream(endpoint, hello(running={job_id: {0: 0, 1: 1}}))
-    try:
-        _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
+    with _running(endpoint, {0: 0, 1: 1}) as (job_id, stream):
         full = launch(endpoint, job_id, start_iteration=7)
         smaller = replace(full, workers=full.workers[:1])
         assert not endpoint.dispatcher.shrink(replace(smaller, attempt=2))  # not the run's
@@ -477,8 +480,6 @@ def test_an_in_place_shrink_round_trip(endpoint: Endpoint) -> None:
         assert [(r.outcome, r.iterations_done, r.node, r.ranks) for r in reports] == [
             (RunOutcome.SHRUNK, 9, "node-a", (0,))
         ]
-    finally:
-        stream.close()
 
 
 def test_a_shrink_whose_report_was_lost_is_claimed_not_stopped(endpoint: Endpoint) -> None:
@@ -501,12 +502,7 @@ def test_a_shrink_whose_report_was_lost_is_claimed_not_stopped(endpoint: Endpoin
 
 
 def test_a_reconfiguration_reaches_every_node_of_the_job(endpoint: Endpoint) -> None:
-    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
-    job_id = add_job(endpoint)
-    allocate(endpoint, job_id, {0: 0})
-    stream = Stream(endpoint, hello(running={job_id: {0: 0}}))
-    try:
-        _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
+    with _running(endpoint, {0: 0}) as (job_id, stream):
         endpoint.dispatcher.reconfigure(job_id, 3, {"full_fraction": 0.5, "partial_depth": 0.5})
         endpoint.dispatcher.reconfigure(job_id + 1, 1, {})  # runs nowhere: nothing sent
         command = stream.commands.get(timeout=10)
@@ -514,8 +510,6 @@ def test_a_reconfiguration_reaches_every_node_of_the_job(endpoint: Endpoint) -> 
         assert (command.reconfigure.job_id, command.reconfigure.config_version) == (job_id, 3)
         assert command.reconfigure.spb == pb.SPBConfig(full_fraction=0.5, partial_depth=0.5)
         assert stream.commands.empty()
-    finally:
-        stream.close()
 
 
 def _poll(dispatcher: AgentDispatcher) -> list[Report]:

@@ -83,7 +83,9 @@ def test_a_shared_parameter_belongs_to_the_topmost_stage() -> None:
     assert any(p is embedding.weight for p in cut.parameters[2])
 
 
-@pytest.mark.parametrize("workload", ["digits-cnn", "resnet-synthetic", "transformer-synthetic"])
+@pytest.mark.parametrize(
+    "workload", ["digits-cnn", "resnet-synthetic", "resnet18-synthetic", "transformer-synthetic"]
+)
 def test_stages_below_the_cut_save_no_activations(workload: str) -> None:
     trial = _trial(workload)
     model = trial.build_model()

@@ -11,7 +11,11 @@ import importlib
 
 from worker_agent.runtime.trial import Trial
 from worker_agent.runtime.workloads.digits import DigitsCNN, DigitsMLP
-from worker_agent.runtime.workloads.synthetic import ResNetSynthetic, TransformerSynthetic
+from worker_agent.runtime.workloads.synthetic import (
+    ResNet18Synthetic,
+    ResNetSynthetic,
+    TransformerSynthetic,
+)
 from worker_agent.runtime.workloads.text import TextTransformer
 
 BUILTIN_TRIALS: dict[str, type[Trial]] = {
@@ -19,6 +23,7 @@ BUILTIN_TRIALS: dict[str, type[Trial]] = {
     "digits-cnn": DigitsCNN,
     "text-transformer": TextTransformer,
     "resnet-synthetic": ResNetSynthetic,
+    "resnet18-synthetic": ResNet18Synthetic,
     "transformer-synthetic": TransformerSynthetic,
 }
 

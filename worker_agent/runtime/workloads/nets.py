@@ -28,8 +28,9 @@ class BasicBlock(nn.Module):
         return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
 
 
-def cifar_resnet(widths: tuple[int, ...], num_classes: int) -> nn.Sequential:
-    """A CIFAR-style ResNet with one residual block per width, as a sequence of stages."""
+def cifar_resnet(widths: tuple[int, ...], num_classes: int, blocks: int = 1) -> nn.Sequential:
+    """A CIFAR-style ResNet with `blocks` residual blocks per width (ResNet-18: widths
+    64-512, 2 blocks), as a sequence of stages: the stem, one per width, the head."""
     stages: list[nn.Module] = [
         nn.Sequential(
             nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU()
@@ -37,7 +38,9 @@ def cifar_resnet(widths: tuple[int, ...], num_classes: int) -> nn.Sequential:
     ]
     in_channels = widths[0]
     for i, width in enumerate(widths):
-        stages.append(BasicBlock(in_channels, width, stride=1 if i == 0 else 2))
+        stage = [BasicBlock(in_channels, width, stride=1 if i == 0 else 2)]
+        stage += [BasicBlock(width, width, stride=1) for _ in range(blocks - 1)]
+        stages.append(stage[0] if blocks == 1 else nn.Sequential(*stage))
         in_channels = width
     stages.append(
         nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(in_channels, num_classes))
