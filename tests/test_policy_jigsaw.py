@@ -207,16 +207,27 @@ def test_shorter_jobs_first_but_a_starving_job_goes_ahead() -> None:
     assert [p.job_id for p in jigsaw.schedule(snap(cluster, short, starving)).start] == [2]
 
 
-def test_a_waiting_job_displaces_a_running_one_only_by_more_than_its_start() -> None:
+def test_a_waiting_job_displaces_a_running_one_only_by_more_than_both_starts() -> None:
     """Jobs of seconds: 0.5 s shorter than a running job's 7 s (10 s, discounted by
-    `stickiness`) displaces it while a start is free, not once starts cost 2 s."""
+    `stickiness`) displaces it while a start is free, not once starts cost 2 s; then
+    it takes a waiting job shorter by more than its own start and the running job's
+    second one."""
     cluster = nodes(1, 1, {100: 1})
     running = job(1, 1, model(1, 10, step=1.0), state=JobState.RUNNING, gpus=(100,))
-    waiting = job(2, 1, model(1, 65, step=0.1))
-    plan = jigsaw.schedule(snap(cluster, running, waiting))
-    assert (plan.suspend, [p.job_id for p in plan.start]) == ((1,), [2])
-    costly = [replace(j, start_seconds=2.0) for j in (running, waiting)]
-    assert jigsaw.schedule(snap(cluster, *costly)) == Plan()
+
+    def displaces(waiting_seconds: float, start: float | None) -> bool:
+        waiting = job(2, 1, model(1, round(waiting_seconds * 10), step=0.1))
+        jobs = [replace(j, start_seconds=start) for j in (running, waiting)]
+        plan = jigsaw.schedule(snap(cluster, *jobs))
+        if plan == Plan():
+            return False
+        assert (plan.suspend, [p.job_id for p in plan.start]) == ((1,), [2])
+        return True
+
+    assert displaces(6.5, None)
+    assert not displaces(6.5, 2.0)
+    assert not displaces(4.5, 2.0)  # 4.5 + 2 < 7, but the running job starts again
+    assert displaces(2.5, 2.0)  # 2.5 + 2 < 7 - 2
 
 
 def test_a_wasteful_job_is_shrunk_only_while_the_cluster_is_crowded() -> None:

@@ -12,9 +12,10 @@ over jobs divided by the GPUs. Each round:
    run); then least remaining GPU-time (remaining time at the job's base size, below,
    times that size: a narrow job a little longer goes before a wide one, which frees
    more GPUs for everyone's benefit later), running jobs' discounted by `stickiness`
-   so that a small difference never pays a restart, and waiting jobs' charged their
-   start (`JobView.start_seconds`, measured on the cluster) so that a job of seconds
-   never displaces another for less than its start costs. A job that would set the
+   so that a small difference never pays a restart, and by the start they would pay
+   again if displaced, and waiting jobs' charged their start (`JobView.start_seconds`,
+   measured on the cluster): a job of seconds displaces another only for more than
+   both starts cost. A job that would set the
    makespan if started last counts its GPU-time at `straggler_discount`: one that
    needs at least `straggler_drain` times the cluster's drain time (every known job's
    fewest GPU-seconds over the GPUs) even at its fastest size. Least GPU-time first

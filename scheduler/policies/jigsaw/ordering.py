@@ -1,7 +1,8 @@
 """Step 1, the order: priority, then starving jobs, then paced jobs, then least
-remaining GPU-time (running jobs' discounted by `stickiness`, waiting jobs' charged their
-start, the makespan setters' discounted by `straggler_discount`); and pacing, the width
-of the jobs that would set the makespan once submissions stop."""
+remaining GPU-time (running jobs' discounted by `stickiness` and by their restart,
+waiting jobs' charged their start, the makespan setters' discounted by
+`straggler_discount`); and pacing, the width of the jobs that would set the makespan
+once submissions stop."""
 
 from __future__ import annotations
 
@@ -37,12 +38,14 @@ def _key(
     remaining = sizing.remaining_gpu_seconds(job)
     if outlasts(job, sizing.per_node, drain):
         remaining *= params.straggler_discount
+    start = (job.start_seconds or 0.0) * job.workers
     if job.holding:
-        remaining *= params.stickiness
-    elif job.start_seconds:
+        # Displaced, a running job would pay its start again when it resumes.
+        remaining = remaining * params.stickiness - start
+    else:
         # A waiting job must start before it progresses: one barely shorter than a
         # running job does not displace it (jobs of seconds, whose start is most of it).
-        remaining += job.start_seconds * job.workers
+        remaining += start
     return (-job.priority, not starving, job.id not in sizing.paced, remaining, -arrived, job.id)
 
 
