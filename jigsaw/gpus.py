@@ -17,6 +17,9 @@ class GpuSlot:
     # How co-located jobs' processes share it: driver time slicing, or the CUDA MPS
     # daemon the agent supervises (kernels side by side; another interference fit).
     sharing: Sharing = "time-sliced"
+    # Jobs it runs at once (the agent's JIGSAW_AGENT_MAX_JOBS_PER_GPU): the most a
+    # packing policy may place on it. A pair where an agent does not say.
+    max_jobs: int = 2
 
     @property
     def device(self) -> str:

@@ -140,6 +140,8 @@ class GPU(Base):
     sharing: Mapped[str] = mapped_column(
         String(16), default="time-sliced", server_default="time-sliced"
     )
+    # Jobs it runs at once, as its agent reported: the most packing places on it.
+    max_jobs: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
 
     node: Mapped[Node] = relationship(back_populates="gpus")
 

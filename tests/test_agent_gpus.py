@@ -32,6 +32,7 @@ def test_n_virtual_slots_share_the_memory() -> None:
         memory_bytes=slots[2].memory_bytes,
         virtual=True,
         sharing=agent_pb2.SHARING_TIME_SLICED,
+        max_jobs=2,
     )
 
 

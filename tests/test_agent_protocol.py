@@ -30,6 +30,7 @@ from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, Worker
 from scheduler.models.agents import instance_digest
 from scheduler.models.jobs import submit
+from scheduler.models.snapshot import build_snapshot
 from scheduler.models.users import (
     Principal,
     get_or_create_user,
@@ -251,6 +252,10 @@ def test_agents_of_protocol_v1_are_told_to_upgrade_and_change_nothing(
         ),
         (pb.RegisterRequest(node_name="node-a", gpus=[pb.Gpu(index=-1, kind="k")]), "unique"),
         (pb.RegisterRequest(node_name="node-a", gpus=[pb.Gpu(index=0, kind="")]), "kind"),
+        (
+            pb.RegisterRequest(node_name="node-a", gpus=[pb.Gpu(index=0, kind="k", max_jobs=65)]),
+            "max_jobs must be 0-64",
+        ),
         (pb.RegisterRequest(node_name="node-a", instance=""), "instance must be"),
         (pb.RegisterRequest(node_name="node-a", instance="short"), "instance must be"),
     ],
@@ -282,6 +287,17 @@ def test_register_is_idempotent(endpoint: Endpoint) -> None:
     assert (first.agent_id, first.node_id) == (again.agent_id, again.node_id)
     assert first.heartbeat_interval_seconds == 0.5
     assert endpoint.count(Node) == 1 and endpoint.count(GPU) == 3
+
+
+def test_each_gpu_s_job_limit_reaches_the_policy(endpoint: Endpoint) -> None:
+    """What the agent runs at once on a slot is what packing may place there; an agent
+    that does not say (0) gets a pair."""
+    request = register_request()
+    request.gpus[0].max_jobs = 4
+    endpoint.stub.Register(request, metadata=endpoint.auth())
+    with endpoint.factory() as session:
+        snapshot = build_snapshot(session, NOW)
+    assert [gpu.max_jobs for node in snapshot.nodes for gpu in node.gpus] == [4, 2]
 
 
 def test_launch_reports_and_exit_round_trip(endpoint: Endpoint, tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from scheduler.db import make_engine
 from scheduler.models.agents import allowance
 from scheduler.models.measured import PROFILED_MEMORY_FACTOR
-from scheduler.orm import Allocation, IterationMetric
+from scheduler.orm import GPU, Allocation, IterationMetric
 from tests.cluster import cluster, ended
 
 pytestmark = pytest.mark.timeout(300)
@@ -49,7 +49,7 @@ def _profile(batch: int) -> dict[str, Any]:
 def test_two_profiled_jobs_share_a_gpu_from_their_first_round(tmp_path: Path, db_url: str) -> None:
     settings = {"JIGSAW_DATABASE_URL": db_url, "JIGSAW_SCHEDULER_POLICY": "jigsaw"}
     with cluster(tmp_path / "home", **settings) as c:
-        c.start_agent("gpus", gpus=1, JIGSAW_AGENT_MAX_JOBS_PER_GPU="2")
+        c.start_agent("gpus", gpus=1, JIGSAW_AGENT_MAX_JOBS_PER_GPU="3")
         c.wait_nodes(alive=1)
         with c.client() as client:
             batches = (16, 64)
@@ -74,6 +74,8 @@ def test_two_profiled_jobs_share_a_gpu_from_their_first_round(tmp_path: Path, db
     engine = make_engine(db_url)
     try:
         with engine.connect() as connection:
+            # The agent's limit, as registered: what packing may place on the slot.
+            assert connection.execute(select(GPU.max_jobs)).scalars().all() == [3]
             holds = connection.execute(
                 select(Allocation.job_id, Allocation.gpu_id, Allocation.memory_bytes)
             ).all()

@@ -603,6 +603,39 @@ def test_jobs_that_underuse_a_gpu_share_it() -> None:
     assert _one_gpu_pair(0.3, 0.3).start == (Placement(2, (100,), {}),)
 
 
+def test_a_gpu_takes_as_many_jobs_as_its_agent_runs_at_once() -> None:
+    """Idle 1-GPU jobs (utilization 0.1, 4 GiB of a 16 GiB GPU): one guest joins a GPU
+    each round, up to the jobs its agent runs at once (`GPUView.max_jobs`), which
+    memory allows here (4 x 4 GiB)."""
+
+    def rounds(max_jobs: int) -> list[int]:
+        """How many jobs share the GPU after each round, from one job running."""
+        cluster = nodes(1, 1)
+        (node,) = cluster
+        jobs = {
+            i: job(i, 1, model(1, 10_000, utilization=0.1), arrived=600 - i) for i in range(1, 6)
+        }
+        jobs[1] = replace(jobs[1], state=JobState.RUNNING, allocated_gpu_ids=(100,))
+        counts = []
+        for _ in range(4):
+            on = tuple(i for i, j in jobs.items() if j.allocated_gpu_ids)
+            gpu = replace(node.gpus[0], max_jobs=max_jobs, holders=on)
+            view = replace(node, gpus=(gpu,))
+            plan = jigsaw.schedule(snap((view,), *jobs.values()))
+            for placement in plan.start:
+                jobs[placement.job_id] = replace(
+                    jobs[placement.job_id],
+                    state=JobState.RUNNING,
+                    allocated_gpu_ids=placement.gpu_ids,
+                )
+            counts.append(sum(1 for j in jobs.values() if j.allocated_gpu_ids))
+        return counts
+
+    assert rounds(2) == [2, 2, 2, 2]
+    assert rounds(3) == [2, 3, 3, 3]
+    assert rounds(4) == [2, 3, 4, 4]  # a fifth would not fit in memory
+
+
 def test_no_guest_joins_a_host_whose_cap_leaves_it_no_room() -> None:
     # Launched before it reported, the host may fill its GPU: its agent would refuse.
     assert _one_gpu_pair(0.3, 0.3, host_cap=16 * GIB).start == ()

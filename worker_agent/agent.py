@@ -77,7 +77,7 @@ def run_agent(settings: AgentSettings, stop: threading.Event) -> None:
     make_non_dumpable()
     # `--gpus N` serves virtual slots: no child spends seconds importing torch to probe CUDA.
     probe = probe_cuda() if settings.gpus == "auto" else None
-    slots = discover(settings.gpus, probe)
+    slots = [replace(s, max_jobs=settings.max_jobs_per_gpu) for s in discover(settings.gpus, probe)]
     log_diagnosis(settings, slots, probe)
     logger.info(
         "node %s offers %d GPU slot(s): %s",

@@ -118,12 +118,15 @@ class AgentSettings(WorkerSettings):
         ge=0,
         description="Time between SIGTERM and SIGKILL when stopping a job's processes.",
     )
-    max_jobs_per_gpu: PositiveInt = Field(
+    max_jobs_per_gpu: int = Field(
         default=4,
+        ge=1,
+        le=64,
         description="Jobs whose processes may share one GPU slot at a time (co-location); "
-        "1 makes every slot exclusive. A launch beyond it, or whose memory caps with those "
-        "of the jobs on the slot exceed the slot's memory, is refused and the job queued "
-        "again. Co-located jobs on a virtual slot share its torch threads.",
+        "1 makes every slot exclusive. Reported at registration: the scheduler places no "
+        "more on a slot. A launch beyond it, or whose memory caps with those of the jobs "
+        "on the slot exceed the slot's memory, is refused and the job queued again. "
+        "Co-located jobs on a virtual slot share its torch threads.",
     )
     mps: Literal["auto", "off"] = Field(
         default="auto",

@@ -140,6 +140,7 @@ def gpu(slot: GpuSlot) -> pb.Gpu:
         memory_bytes=slot.memory_bytes,
         virtual=slot.virtual,
         sharing=_SHARING[slot.sharing],
+        max_jobs=slot.max_jobs,
     )
 
 

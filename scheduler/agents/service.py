@@ -54,6 +54,7 @@ _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$", re.IGNORECASE
 # An agent process's instance key: drawn at random by the agent, kept secret.
 _INSTANCE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _MAX_GPUS = 1024
+_MAX_JOBS_PER_GPU = 64
 # An agent older than the field says nothing: its GPUs are time sliced.
 _SHARING: dict[int, Sharing] = {pb.SHARING_MPS: "mps", pb.SHARING_TIME_SLICED: "time-sliced"}
 _MAX_TEXT = 64 * 1024
@@ -90,6 +91,8 @@ def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
     for gpu in request.gpus:
         if gpu.memory_bytes < 0 or not gpu.kind or len(gpu.kind) > 64:
             raise InvalidMessage(f"GPU {gpu.index}: kind must be 1-64 chars, memory >= 0")
+        if not 0 <= gpu.max_jobs <= _MAX_JOBS_PER_GPU:
+            raise InvalidMessage(f"GPU {gpu.index}: max_jobs must be 0-{_MAX_JOBS_PER_GPU}")
     check_instance(request.instance)
     return [
         GpuSlot(
@@ -98,6 +101,7 @@ def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
             gpu.memory_bytes,
             gpu.virtual,
             _SHARING.get(gpu.sharing, "time-sliced"),
+            gpu.max_jobs or GpuSlot.max_jobs,
         )
         for gpu in request.gpus
     ]

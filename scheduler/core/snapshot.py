@@ -33,6 +33,7 @@ class GPUView:
     kind: str
     memory_bytes: int
     holders: tuple[int, ...] = ()  # ids of jobs holding an active allocation on it
+    max_jobs: int = 2  # jobs it runs at once (its agent's setting): packing's limit
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,12 @@ def register(
                     memory_bytes=slot.memory_bytes,
                     virtual=slot.virtual,
                     sharing=slot.sharing,
+                    max_jobs=slot.max_jobs,
                 )
             )
         else:
             gpu.kind, gpu.memory_bytes, gpu.virtual = slot.kind, slot.memory_bytes, slot.virtual
-            gpu.sharing = slot.sharing
+            gpu.sharing, gpu.max_jobs = slot.sharing, slot.max_jobs
     if existing:
         logger.warning("node %s no longer offers GPUs %s", node_name, sorted(existing))
     agent = session.scalar(select(Agent).where(Agent.node_id == node.id))

@@ -87,6 +87,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
                 kind=gpu.kind,
                 memory_bytes=gpu.memory_bytes,
                 holders=tuple(holders.get(gpu.id, ())),
+                max_jobs=gpu.max_jobs,
             )
         )
     nodes = tuple(

@@ -77,6 +77,7 @@ class SimOptions:
     restart_seconds: float = 30.0  # a (re)started job's setup and checkpoint restore
     gpu: SimGPU = SimGPU.T4  # what step times, utilization and memory are measured on
     sharing: Sharing = Sharing.TIME_SLICING  # how co-located jobs share a GPU
+    max_jobs_per_gpu: int = 2  # jobs a GPU runs at once (a pair: the measured case)
     zero_arrivals: bool = False  # submit the whole workload at time 0
     spb_profiles: dict[str, SPBProfile] = field(default_factory=dict)  # measured, by name
     # Pollux jobs adapt their batch size and progress by goodput (the Pollux artifact's
@@ -307,6 +308,7 @@ class Simulator:
             kind=DEVICE_NAMES[self.options.gpu],
             memory_bytes=self.cluster.gpu_memory_bytes,
             holders=tuple(self._holders[gpu]),
+            max_jobs=self.options.max_jobs_per_gpu,
         )
 
     def _node_view(self, node: int) -> NodeView:

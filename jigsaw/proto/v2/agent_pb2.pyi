@@ -99,18 +99,20 @@ class CodeChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "kind", "memory_bytes", "virtual", "sharing")
+    __slots__ = ("index", "kind", "memory_bytes", "virtual", "sharing", "max_jobs")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     VIRTUAL_FIELD_NUMBER: _ClassVar[int]
     SHARING_FIELD_NUMBER: _ClassVar[int]
+    MAX_JOBS_FIELD_NUMBER: _ClassVar[int]
     index: int
     kind: str
     memory_bytes: int
     virtual: bool
     sharing: Sharing
-    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., virtual: _Optional[bool] = ..., sharing: _Optional[_Union[Sharing, str]] = ...) -> None: ...
+    max_jobs: int
+    def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., virtual: _Optional[bool] = ..., sharing: _Optional[_Union[Sharing, str]] = ..., max_jobs: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("node_name", "gpus", "agent_version", "address", "instance")

@@ -1,7 +1,8 @@
 """Step 4, packing: jobs still waiting, in order, join GPUs of running jobs as guests
-when that raises the cluster's useful progress (GPU memory never over-committed).
-Only jobs whose solo utilization is known are guests or hosts: the interference model
-predicts nothing without it."""
+when that raises the cluster's useful progress (GPU memory never over-committed, no
+GPU given more jobs than its agent runs at once: `GPUView.max_jobs`). Only jobs whose
+solo utilization is known are guests or hosts: the interference model predicts nothing
+without it."""
 
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def pack(
 @dataclass
 class _Rooms:
     """GPUs a guest may join, least loaded first, under the hosts' current
-    configurations or with every host switched to its hosting configuration.
+    configurations or with every host alone on its GPU switched to its hosting
+    configuration.
 
     Ranked once per round: a guest scans from the front for GPUs its memory fits on,
     so placing one costs about its own size, not the cluster's.
@@ -95,23 +97,33 @@ class _Rooms:
 
     def _shared_entries(self) -> list[tuple[float, int, int, int, bool]]:
         """(utilization, node, GPU, memory used, whether of the tail) of each usable
-        GPU one job of known utilization holds. A job's memory there is what it may use,
-        its cap (what the GPU's agent counts) where that is more than the model says it
-        needs: a guest beyond the cap's room would be refused."""
+        GPU held by jobs of known utilization, fewer than it runs at once; the
+        utilization and memory are its holders' together. A job's memory there is what
+        it may use, its cap (what the GPU's agent counts) where that is more than the
+        model says it needs: a guest beyond the cap's room would be refused."""
         layout = self.layout
         entries = []
-        for job_id, gpus in layout.gpus.items():
-            shape = layout.shape(job_id)
-            if shape is None or shape.utilizations is None:
+        for gpu, view in self.usable.items():
+            on = layout.on_gpu.get(gpu)
+            if not on or len(on) >= view.max_jobs:
                 continue
-            cap = layout.jobs[job_id].memory_cap_bytes or 0
-            for rank, gpu in enumerate(gpus):
-                if gpu in self.usable and len(layout.on_gpu[gpu]) == 1:
-                    node = layout.node_of[gpu]
-                    used = max(shape.worker_memory_bytes[rank], cap)
-                    tail = job_id in self.tail
-                    entries.append((shape.utilizations[rank], node, gpu, used, tail))
+            utilizations = [layout.utilization(job_id, gpu) for job_id in on]
+            if any(u is None for u in utilizations):
+                continue
+            used = sum(self._used(job_id, gpu) for job_id in on)
+            tail = any(job_id in self.tail for job_id in on)
+            entries.append(
+                (math.fsum(u or 0.0 for u in utilizations), layout.node_of[gpu], gpu, used, tail)
+            )
         return entries
+
+    def _used(self, job_id: int, gpu: int) -> int:
+        """What the job's worker on `gpu` may take of its memory."""
+        layout = self.layout
+        shape = layout.shape(job_id)
+        assert shape is not None  # its utilization is known
+        cap = layout.jobs[job_id].memory_cap_bytes or 0
+        return max(shape.worker_memory_bytes[layout.gpus[job_id].index(gpu)], cap)
 
     def choose(self, size: int, need: int, switch: bool, of_tail: bool) -> tuple[int, ...] | None:
         chosen = []
@@ -137,9 +149,11 @@ def _pack_one(rooms: _Rooms, job: JobView, size: int, params: JigsawParams, of_t
         choice = rooms.choose(size, need, switch, of_tail)
         if choice is None:
             continue
-        touched = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
+        touched = {h for g in choice for h in layout.on_gpu.get(g, ())}
         configs = {}
         if switch:
+            if any(len(layout.on_gpu.get(g, ())) > 1 for g in choice):
+                continue  # only a host alone on its GPU switches to host
             configs = {
                 h: c
                 for h in touched
@@ -167,7 +181,7 @@ def _gain(
     params: JigsawParams,
 ) -> float:
     """Useful GPUs gained by placing `job` on `choice` with these host configurations."""
-    hosts = {layout.on_gpu[g][0] for g in choice if layout.on_gpu.get(g)}
+    hosts = {h for g in choice for h in layout.on_gpu.get(g, ())}
     # A host measured past the yield bound beside its last co-runners would send the
     # guest away at the next boundary: none is packed there until that measurement
     # leaves its recent iterations.
