@@ -11,9 +11,12 @@ model reads for the workload's jobs (at the size they asked for): a GPU whose jo
 it busier than about 0.6 predicts a loss for any guest, so little is packed there.
 `--sharing mps` runs both the simulator's charge and the policy's prediction with the
 interference fits of GPUs shared under CUDA MPS instead of time slicing.
+`--max-jobs-per-gpu N` lets a GPU run N jobs at once (default 2, a pair: the case the
+interference fits were measured on; more extrapolates them).
 Deterministic; under a minute on 2 cores.
 
-    python -m benchmarks.packing_sim [--sharing time-slicing|mps] [--json | --markdown]
+    python -m benchmarks.packing_sim [--sharing time-slicing|mps] [--max-jobs-per-gpu N]
+                                     [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -54,10 +57,15 @@ COLUMNS = {
 }
 
 
-def run(gpu: SimGPU, sharing: Sharing = Sharing.TIME_SLICING) -> list[dict[str, Any]]:
-    """Every variant on every workload on `gpu`, co-located jobs sharing it by `sharing`."""
+def run(
+    gpu: SimGPU, sharing: Sharing = Sharing.TIME_SLICING, max_jobs_per_gpu: int = 2
+) -> list[dict[str, Any]]:
+    """Every variant on every workload on `gpu`, co-located jobs sharing it by `sharing`,
+    up to `max_jobs_per_gpu` on one."""
     cluster = ClusterShape.parse("16x4", MEMORY_GIB[gpu])
-    options = SimOptions(zero_arrivals=True, gpu=gpu, sharing=sharing)
+    options = SimOptions(
+        zero_arrivals=True, gpu=gpu, sharing=sharing, max_jobs_per_gpu=max_jobs_per_gpu
+    )
     rows = []
     for workload in load_workloads(WORKLOADS):
         by_variant = {}
@@ -99,13 +107,24 @@ def main() -> None:
         default=Sharing.TIME_SLICING,
         help="how co-located jobs share a GPU (default: time-slicing)",
     )
+    parser.add_argument(
+        "--max-jobs-per-gpu",
+        type=int,
+        choices=range(1, 65),
+        default=2,
+        metavar="N",
+        help="jobs a GPU runs at once (default 2)",
+    )
     add_output_options(parser)
     args = parser.parse_args()
     if not WORKLOADS.is_dir():
         parser.error(f"{WORKLOADS} not found: the Pollux traces live in ../shared/traces")
     for gpu in SimGPU:
         title = f"JigSaw's packing and SPB ablation, 16x4 {gpu}, {args.sharing}"
-        emit(run(gpu, args.sharing), title, args.output, COLUMNS)
+        if args.max_jobs_per_gpu != 2:
+            title += f", up to {args.max_jobs_per_gpu} jobs a GPU"
+        rows = run(gpu, args.sharing, args.max_jobs_per_gpu)
+        emit(rows, title, args.output, COLUMNS)
 
 
 if __name__ == "__main__":
