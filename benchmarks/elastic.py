@@ -98,8 +98,8 @@ its resize checkpointed at.
 MARKDOWN_TAIL = """Reading: the shrink for the newcomers, in place, cost 0.2 s from the boundary's
 report to the smaller gang's first, against several seconds for a cold restart and
 under a second for a warm one (the same shrink, the same run); with it `fifo-elastic`
-pays far less for resizing (1.13x and 1.07x the fixed sizes' makespan here, against
-1.73x and 1.50x by restarts). It still does not win: the jobs last seconds to a minute
+pays far less for resizing (1.18x and 1.27x the fixed sizes' makespan here, against
+1.56x and 1.97x by restarts). It still does not win: the jobs last seconds to a minute
 (with the machine's load), and 2 virtual GPUs on a shared 2-core machine train little
 faster than 1, so a resize has little to gain here; `fifo-elastic` resizes whatever it
 costs. JigSaw charges a growth (a restart) the restarts it measured, or a start before
