@@ -54,9 +54,9 @@ LEASE_ITERATIONS = 20
 # "idle": small jobs (an MLP, small batches) and larger ones (convolutions, larger
 # batches); on CUDA the synthetic ResNet and transformer besides, at batches that leave a
 # large GPU mostly idle alone (the mix of jobs that each leave it half idle).
-# "saturating": ResNet-18 at batches that keep the device busy alone (on an H100, 79% at
-# batch 1024 in bf16 by ../shared/measurements/h100; more at 2048), where a pair runs
-# no faster than one after the other.
+# "saturating": ResNet-18 at batches meant to keep the device busy alone (on an H100,
+# 79% at batch 1024 in bf16 by ../shared/measurements/h100; larger ones not measured),
+# where a pair runs no faster than one after the other.
 MIXES: dict[Mix, dict[Device, list[tuple[str, int]]]] = {
     "idle": {
         "cpu": [
