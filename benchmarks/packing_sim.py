@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import add_output_options, emit
+from jigsaw.gpus import PAIR
 from scheduler.core.interference import Sharing
 from scheduler.policies import jigsaw
 from scheduler.policies.jigsaw import JigsawParams
@@ -58,7 +59,7 @@ COLUMNS = {
 
 
 def run(
-    gpu: SimGPU, sharing: Sharing = Sharing.TIME_SLICING, max_jobs_per_gpu: int = 2
+    gpu: SimGPU, sharing: Sharing = Sharing.TIME_SLICING, max_jobs_per_gpu: int = PAIR
 ) -> list[dict[str, Any]]:
     """Every variant on every workload on `gpu`, co-located jobs sharing it by `sharing`,
     up to `max_jobs_per_gpu` on one."""
@@ -111,9 +112,9 @@ def main() -> None:
         "--max-jobs-per-gpu",
         type=int,
         choices=range(1, 65),
-        default=2,
+        default=PAIR,
         metavar="N",
-        help="jobs a GPU runs at once (default 2)",
+        help=f"jobs a GPU runs at once (default {PAIR})",
     )
     add_output_options(parser)
     args = parser.parse_args()
@@ -121,7 +122,7 @@ def main() -> None:
         parser.error(f"{WORKLOADS} not found: the Pollux traces live in ../shared/traces")
     for gpu in SimGPU:
         title = f"JigSaw's packing and SPB ablation, 16x4 {gpu}, {args.sharing}"
-        if args.max_jobs_per_gpu != 2:
+        if args.max_jobs_per_gpu != PAIR:
             title += f", up to {args.max_jobs_per_gpu} jobs a GPU"
         rows = run(gpu, args.sharing, args.max_jobs_per_gpu)
         emit(rows, title, args.output, COLUMNS)

@@ -7,6 +7,10 @@ from typing import Literal
 
 Sharing = Literal["time-sliced", "mps"]
 
+# Jobs a GPU runs at once where nobody says otherwise: a pair, the case the interference
+# fits were measured on (an agent older than its `max_jobs`, the simulator's default).
+PAIR = 2
+
 
 @dataclass(frozen=True)
 class GpuSlot:
@@ -18,8 +22,8 @@ class GpuSlot:
     # daemon the agent supervises (kernels side by side; another interference fit).
     sharing: Sharing = "time-sliced"
     # Jobs it runs at once (the agent's JIGSAW_AGENT_MAX_JOBS_PER_GPU): the most a
-    # packing policy may place on it. A pair where an agent does not say.
-    max_jobs: int = 2
+    # packing policy may place on it.
+    max_jobs: int = PAIR
 
     @property
     def device(self) -> str:

@@ -29,6 +29,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from jigsaw.gpus import PAIR
+
 # Deterministic constraint names, so migrations can drop them by name on both backends.
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -141,7 +143,7 @@ class GPU(Base):
         String(16), default="time-sliced", server_default="time-sliced"
     )
     # Jobs it runs at once, as its agent reported: the most packing places on it.
-    max_jobs: Mapped[int] = mapped_column(Integer, default=2, server_default="2")
+    max_jobs: Mapped[int] = mapped_column(Integer, default=PAIR, server_default=str(PAIR))
 
     node: Mapped[Node] = relationship(back_populates="gpus")
 

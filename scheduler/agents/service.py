@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from jigsaw.gpus import GpuSlot, Sharing
+from jigsaw.gpus import PAIR, GpuSlot, Sharing
 from jigsaw.jobspec import checked_workload
 from jigsaw.proto import convert
 from jigsaw.proto.v2 import agent_pb2 as pb
@@ -101,7 +101,7 @@ def gpu_slots(request: pb.RegisterRequest) -> list[GpuSlot]:
             gpu.memory_bytes,
             gpu.virtual,
             _SHARING.get(gpu.sharing, "time-sliced"),
-            gpu.max_jobs or GpuSlot.max_jobs,
+            gpu.max_jobs or PAIR,
         )
         for gpu in request.gpus
     ]

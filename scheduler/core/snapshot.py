@@ -11,6 +11,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from jigsaw.gpus import PAIR
 from jigsaw.jobspec import SPBSetting
 from scheduler.core.jobmodel import JobModel
 from scheduler.core.states import JobState
@@ -33,7 +34,7 @@ class GPUView:
     kind: str
     memory_bytes: int
     holders: tuple[int, ...] = ()  # ids of jobs holding an active allocation on it
-    max_jobs: int = 2  # jobs it runs at once (its agent's setting): packing's limit
+    max_jobs: int = PAIR  # jobs it runs at once (its agent's setting): packing's limit
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jigsaw import spb
+from jigsaw.gpus import PAIR
 from jigsaw.spb import SPBProfile
 from scheduler.core.interference import Sharing, fitted
 from scheduler.core.jobmodel import JobModel, Shape, colocation_stretch, stretched_step
@@ -77,7 +78,7 @@ class SimOptions:
     restart_seconds: float = 30.0  # a (re)started job's setup and checkpoint restore
     gpu: SimGPU = SimGPU.T4  # what step times, utilization and memory are measured on
     sharing: Sharing = Sharing.TIME_SLICING  # how co-located jobs share a GPU
-    max_jobs_per_gpu: int = 2  # jobs a GPU runs at once (a pair: the measured case)
+    max_jobs_per_gpu: int = PAIR  # jobs a GPU runs at once
     zero_arrivals: bool = False  # submit the whole workload at time 0
     spb_profiles: dict[str, SPBProfile] = field(default_factory=dict)  # measured, by name
     # Pollux jobs adapt their batch size and progress by goodput (the Pollux artifact's

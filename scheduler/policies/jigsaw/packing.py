@@ -107,14 +107,12 @@ class _Rooms:
             on = layout.on_gpu.get(gpu)
             if not on or len(on) >= view.max_jobs:
                 continue
-            utilizations = [layout.utilization(job_id, gpu) for job_id in on]
-            if any(u is None for u in utilizations):
+            utilizations = [u for j in on if (u := layout.utilization(j, gpu)) is not None]
+            if len(utilizations) < len(on):
                 continue
             used = sum(self._used(job_id, gpu) for job_id in on)
             tail = any(job_id in self.tail for job_id in on)
-            entries.append(
-                (math.fsum(u or 0.0 for u in utilizations), layout.node_of[gpu], gpu, used, tail)
-            )
+            entries.append((math.fsum(utilizations), layout.node_of[gpu], gpu, used, tail))
         return entries
 
     def _used(self, job_id: int, gpu: int) -> int:
