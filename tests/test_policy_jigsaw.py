@@ -254,6 +254,20 @@ def test_a_crowded_cluster_queues_jobs_when_shrinking_all_would_end_them_later()
     assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 2), (2, 2)]
 
 
+def test_a_burst_that_scales_poorly_per_gpu_but_well_in_time_runs_one_after_another() -> None:
+    # Two jobs ask for 4 GPUs of 4 and run 1,000 iterations at 1 s on 1 GPU, 0.95 s
+    # on 2 (53% of 1's progress per GPU) and 0.55 s on 4 (45%): an adaptive job whose
+    # batch grows with its GPUs. Both at once on 2 end at 950 s, on 1 at 1,000 s; one
+    # after the other on 4 at 550 and 1,100 s, sooner on average: the low floor's
+    # choice, which a floor of 0.5 (sizes of 2) would not offer.
+    jobs = [job(i, 4, model(4, 1000, step=0.55, sizes={1: 1.0, 2: 0.95})) for i in (1, 2)]
+    plan = jigsaw.schedule(snap(nodes(1, 4), *jobs))
+    assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 4)]
+    floored = JigsawParams(efficiency_floors=(0.5, 0.7, 0.8))
+    plan = jigsaw.schedule(snap(nodes(1, 4), *jobs), floored)
+    assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 2), (2, 2)]
+
+
 def test_the_predicted_completion_sum_starts_jobs_in_order_as_gpus_free() -> None:
     # 4 GPUs: two 2-GPU jobs of 100 s end at 100. The 4-GPU job of 50 s is next but
     # does not fit until all 4 are free; the 1-GPU job behind it fills in at 100 (as

@@ -37,7 +37,12 @@ over jobs divided by the GPUs. Each round:
    as GPUs free up (`sizing.completion_sum`): shrinking everyone to fit can end them
    all later than queueing some at the sizes they use well (a burst of jobs that each
    run well on 4 GPUs and 78% as well per GPU on 8: two of them one after the other on
-   8 beat both on 4 at once), and admitting everyone is better where width buys little.
+   8 beat both on 4 at once; two that each end 1.8x sooner on 4 GPUs than on 1 end
+   sooner on average one after the other on 4 than both at once on 2 or 1), and
+   admitting everyone is better where width buys little. The floors are a low one and
+   high ones: a middle floor's sizes are what growth reaches from a high one's where
+   GPUs stay idle (dropping 0.5 for 0.3 lowered the simulated goodput JCT at every load
+   tried, `benchmarks.goodput_sim`).
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
    suspended. Kept jobs stay where they are; newcomers and moved jobs are

@@ -72,11 +72,12 @@ class JigsawParams(BaseModel):
         "1 / (1 - max_host_loss), so that a guest is not packed only to yield).",
     )
     efficiency_floors: tuple[_Fraction, ...] = Field(
-        default=(0.5, 0.7, 0.8),
+        default=(0.3, 0.7, 0.8),
         description="Shrink floors: when requests do not fit, jobs run on the most GPUs "
         "they use at no less than one of these fractions of their best progress per GPU, "
         "the one predicted to end them soonest on average (ties: the first; empty: never "
-        "shrink).",
+        "shrink). A low floor to run bursts one after another wide, high ones to run "
+        "them at once narrow; sizes between, growth reaches.",
     )
     long_job_seconds: float = Field(
         default=3600.0,
