@@ -31,6 +31,7 @@ from scheduler.models.users import Principal, get_or_create_user
 from scheduler.orm import GPU, IterationMetric, Job
 from scheduler.policies import POLICIES, fifo
 from scheduler.resize import in_place
+from scheduler.settings import SchedulerSettings
 from tests.test_scheduler_loop import SETTINGS, T0, add_nodes, events, held_gpus, state
 
 
@@ -71,17 +72,30 @@ def _resizing(monkeypatch: pytest.MonkeyPatch) -> list[Resize]:
     return wanted
 
 
+def _started_on_node_a(
+    factory: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    gpus: int,
+    dispatcher: SimulatedDispatcher,
+    settings: SchedulerSettings = SETTINGS,
+) -> tuple[int, list[Resize], SchedulerService]:
+    """A 2-worker elastic job started on node "a" (of `gpus` GPUs) by a loop under policy
+    "resizing": its id, the resizes the policy asks (`_resizing`) and the loop."""
+    add_nodes(factory, {"a": gpus})
+    job_id = _elastic_job(factory)
+    wanted = _resizing(monkeypatch)
+    loop = SchedulerService(factory, dispatcher, settings, policy_name="resizing")
+    loop.run_round(T0)
+    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+    return job_id, wanted, loop
+
+
 def test_a_resize_checkpoints_relaunches_on_the_new_gang_and_records_its_cost(
     factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    add_nodes(factory, {"a": 2})
-    job_id = _elastic_job(factory)
-    first_gpu = _gpu_ids(factory)[0]
-    wanted = _resizing(monkeypatch)
     dispatcher = SimulatedDispatcher(iterations_per_second=10)
-    loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="resizing")
-    loop.run_round(T0)
-    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+    job_id, wanted, loop = _started_on_node_a(factory, monkeypatch, 2, dispatcher)
+    first_gpu = _gpu_ids(factory)[0]
 
     wanted[:] = [Resize(job_id, (first_gpu, first_gpu)), Resize(job_id, (first_gpu,) * 3)]
     refused = loop.run_round(T0 + timedelta(seconds=1))
@@ -145,13 +159,8 @@ class Shrinking(SimulatedDispatcher):
 def test_a_shrink_on_one_node_is_asked_in_place_and_its_report_frees_the_gpus_left(
     factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    add_nodes(factory, {"a": 3})
-    job_id = _elastic_job(factory)
-    wanted = _resizing(monkeypatch)
     dispatcher = Shrinking()
-    loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="resizing")
-    loop.run_round(T0)
-    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+    job_id, wanted, loop = _started_on_node_a(factory, monkeypatch, 3, dispatcher)
     gpus = _gpu_ids(factory)
     wanted[:] = [Resize(job_id, (gpus[0],))]
     asked = loop.run_round(T0 + timedelta(seconds=2))
@@ -192,13 +201,9 @@ def test_a_shrink_on_one_node_is_asked_in_place_and_its_report_frees_the_gpus_le
 def test_with_in_place_off_a_shrink_is_a_restart(
     factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    add_nodes(factory, {"a": 2})
-    job_id = _elastic_job(factory)
-    wanted = _resizing(monkeypatch)
     dispatcher = Shrinking()
     settings = SETTINGS.model_copy(update={"resize_in_place": False})
-    loop = SchedulerService(factory, dispatcher, settings, policy_name="resizing")
-    loop.run_round(T0)
+    job_id, wanted, loop = _started_on_node_a(factory, monkeypatch, 2, dispatcher, settings)
     wanted[:] = [Resize(job_id, (_gpu_ids(factory)[0],))]
     [decision] = loop.run_round(T0 + timedelta(seconds=2)).decisions
     assert decision.detail["mechanism"] == "checkpoint-restart"
