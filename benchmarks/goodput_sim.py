@@ -15,10 +15,12 @@ jobs (`scheduler.sim.loads`), `--seeds` windows each from seed `--first-seed` (w
 workloads it holds back, so they are a reference, not the same jobs.
 
 `--by-app` adds where each variant's average JCT goes on each workload, by application
-(`scheduler.sim.metrics.by_application`), from the same runs.
+(`scheduler.sim.metrics.by_application`), from the same runs. `--grow-seconds S` makes
+a growth cost S seconds instead of its restart (`SimOptions.grow_seconds`): what
+growing in place could gain at most, the policy still charging itself the restart.
 
     python -m benchmarks.goodput_sim [--loads] [--seeds N] [--first-seed N] [--by-app]
-                                     [--json | --markdown]
+                                     [--grow-seconds S] [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -130,14 +132,14 @@ APP_FORMATS = {
 
 
 def _rows(
-    name: str, load: float, jobs: list[TraceJob], pollux: float
+    name: str, load: float, jobs: list[TraceJob], pollux: float, grow_seconds: float | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every variant on one workload, with the ratios against Pollux and Tiresias; and
     each variant's JCT by application."""
     results = {}
     apps: list[dict[str, Any]] = []
     for variant, (policy, adaptive) in VARIANTS.items():
-        options = SimOptions(adaptive_batch=adaptive)
+        options = SimOptions(adaptive_batch=adaptive, grow_seconds=grow_seconds)
         result = Simulator(jobs, CLUSTER, get_policy(policy), options=options).run()
         results[variant] = summarize(result)
         apps += [
@@ -196,6 +198,13 @@ def main() -> None:
     parser.add_argument(
         "--by-app", action="store_true", help="also each variant's JCT by application"
     )
+    parser.add_argument(
+        "--grow-seconds",
+        type=float,
+        default=None,
+        help="what a growth costs instead of a 30 s restart (what growing in place "
+        "could save; the policy is charged the restart still)",
+    )
     add_output_options(parser)
     args = parser.parse_args()
     if not (TRACES / "workloads").is_dir():
@@ -204,11 +213,15 @@ def main() -> None:
         parser.error("--seeds must be at least 1")
     if args.first_seed < 0:
         parser.error("--first-seed must be at least 0")
+    if args.grow_seconds is not None and not 0 <= args.grow_seconds <= 3600:
+        parser.error("--grow-seconds must be between 0 and 3600")
     given = load_workloads(TRACES / "workloads")
     rows: list[dict[str, Any]] = []
     apps: list[dict[str, Any]] = []
     for workload in given:
-        made_rows, made_apps = _rows(workload.name, 1.0, workload.jobs, POLLUX[workload.name])
+        made_rows, made_apps = _rows(
+            workload.name, 1.0, workload.jobs, POLLUX[workload.name], args.grow_seconds
+        )
         rows, apps = rows + made_rows, apps + made_apps
     summary = _means(rows, "mean of 8")
     if args.loads:
@@ -216,7 +229,9 @@ def main() -> None:
             variant_rows: list[dict[str, Any]] = []
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 made = load_variant(TRACES / "philly.csv", given, load, seed, TRACES / "apps")
-                made_rows, made_apps = _rows(made.name, load, made.jobs, POLLUX_BY_LOAD[load])
+                made_rows, made_apps = _rows(
+                    made.name, load, made.jobs, POLLUX_BY_LOAD[load], args.grow_seconds
+                )
                 variant_rows, apps = variant_rows + made_rows, apps + made_apps
             rows += variant_rows
             summary += _means(variant_rows, f"mean at {load:g}x")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,26 @@ def test_cli_simulates_adaptive_batches(tmp_path: Path) -> None:
     rows = [json.loads(r.stdout) for r in (fixed, adaptive_run)]
     assert all(row["jobs"] == 1 for row in rows)
     assert rows[0]["avg_jct_s"] != rows[1]["avg_jct_s"]
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--first-seed", "-1"], "--first-seed must be at least 0"),
+        (["--grow-seconds", "-5"], "--grow-seconds must be between 0 and 3600"),
+        (["--seeds", "0"], "--seeds must be at least 1"),
+    ],
+)
+def test_the_benchmark_refuses_bad_options_with_a_message(
+    tmp_path: Path, option: list[str], message: str
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "benchmarks.goodput_sim", *option],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=clean_env(tmp_path),
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert run.returncode == 2
+    assert message in run.stderr and "Traceback" not in run.stderr

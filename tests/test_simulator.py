@@ -14,7 +14,7 @@ from scheduler.core.jobmodel import JobModel
 from scheduler.core.plan import Placement, Plan
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.policies import get_policy
-from scheduler.sim.engine import ClusterShape, SimOptions, SimulationStuck, Simulator
+from scheduler.sim.engine import EPOCH, ClusterShape, SimOptions, SimulationStuck, Simulator
 from scheduler.sim.gpus import SimGPU, h100_sweeps
 from scheduler.sim.metrics import summarize
 from scheduler.sim.profiles import default_profile, load_profiles, profile_for
@@ -114,6 +114,40 @@ def test_the_simulated_store_applies_plans_under_the_state_machine(tmp_path: Pat
     assert simulator.conflicts == len(rounds) - 1
     held = [j.allocated_gpu_ids for j in rounds[1].jobs if j.id == 1]
     assert held == [(0,)]
+
+
+@pytest.mark.skipif(not POLLUX.is_dir(), reason="the Pollux traces live in ../shared/traces")
+def test_a_growth_costs_what_the_options_say_and_any_other_move_a_restart(
+    tmp_path: Path,
+) -> None:
+    # A cifar10 job on GPU 0, moved at 60 s (the round a second job's arrival brings;
+    # that one runs once the first is done): onto GPUs 0 and 1 (a growth) or onto GPU 1
+    # alone (not one). The move's setup is the restart's 30 s but for a growth under
+    # `grow_seconds`: the job ends that much sooner.
+    rows = "name,time,application,num_replicas,batch_size\na,0,cifar10,1,128\nb,60,ncf,1,256\n"
+    workload = load_workload(write(tmp_path, rows), apps_dir=POLLUX / "apps")
+
+    def finish(to: tuple[int, ...], grow_seconds: float | None) -> float | None:
+        def mover(snapshot: ClusterSnapshot) -> Plan:
+            if not snapshot.jobs:
+                return Plan()
+            first, *rest = sorted(snapshot.jobs, key=lambda job: job.id)
+            if snapshot.now == EPOCH:
+                return Plan(start=(Placement(first.id, (0,)),))
+            if first.allocated_gpu_ids == (0,) and rest:
+                return Plan(suspend=(first.id,), start=(Placement(first.id, to),))
+            if not first.holding and not rest:  # the second job, once the first is done
+                return Plan(start=(Placement(first.id, (0,)),))
+            return Plan()
+
+        options = SimOptions(round_seconds=60.0, grow_seconds=grow_seconds)
+        simulator = Simulator(workload.jobs, ClusterShape.parse("1x2"), mover, options=options)
+        return simulator.run().jobs[0].finish
+
+    grown, moved = finish((0, 1), None), finish((1,), None)
+    assert grown is not None and moved is not None
+    assert finish((0, 1), 5.0) == pytest.approx(grown - 25.0)
+    assert finish((1,), 5.0) == pytest.approx(moved)
 
 
 @pytest.mark.skipif(not POLLUX.is_dir(), reason="the Pollux traces live in ../shared/traces")

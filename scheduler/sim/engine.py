@@ -76,6 +76,10 @@ class ClusterShape:
 class SimOptions:
     round_seconds: float = 60.0  # one lease
     restart_seconds: float = 30.0  # a (re)started job's setup and checkpoint restore
+    # What a growth costs (a job moved onto more GPUs, all it held among them): None, a
+    # restart like any move; less, what growing in place would (the policy is still
+    # charged the restart: an upper bound on what building it gains).
+    grow_seconds: float | None = None
     gpu: SimGPU = SimGPU.T4  # what step times, utilization and memory are measured on
     sharing: Sharing = Sharing.TIME_SLICING  # how co-located jobs share a GPU
     max_jobs_per_gpu: int = PAIR  # jobs a GPU runs at once
@@ -492,6 +496,7 @@ class Simulator:
         plan = checked.plan
         # Resizes run on the live cluster only so far: counted, not silently dropped.
         self.conflicts += len(plan.resize)
+        held = {job_id: set(self._by_id[job_id].gpus) for job_id in plan.suspend}
         for job_id in plan.suspend:
             record = self._by_id[job_id]
             self._end(record, now, running)
@@ -521,7 +526,11 @@ class Simulator:
             record.config = dict(placement.spb)
             record.ran_spb = record.ran_spb or spb.resolve(placement.spb) is not None
             record.held_since = now
-            record.ready_at = now + self.options.restart_seconds
+            setup = self.options.restart_seconds
+            before = held.get(record.id)
+            if self.options.grow_seconds is not None and before and before < set(record.gpus):
+                setup = self.options.grow_seconds
+            record.ready_at = now + setup
             if record.first_start is None:
                 record.first_start = now
             self._set_holders(record, add=True)
