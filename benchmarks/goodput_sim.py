@@ -93,8 +93,8 @@ request) at B = 1.25: 2,974 s, p99 above Tiresias on 7; 1.5: 2,858 s, on 5; 2: 2
 floors of then: the Pollux target lost); larger growth margins (`min_grow_saving`
 2,400 s, `min_grow_share` 0.2) and less stickiness (0.4): above on 5-6, other cases; a
 hold before a moved job grows again (30 or 60 minutes, against the churn): above on
-8-10, and with goodput 2,797-3,014 s. A job that must not wait behind shorter ones says `priority`;
-`batch: {adaptive: true}` removes the excess here.
+8-10, and with goodput 2,797-3,014 s. A job that must not wait behind shorter ones says
+`priority`; `batch: {adaptive: true}` removes the excess here.
 """
 VARIANTS = {  # name: (policy, adaptive batch)
     "jigsaw goodput": ("jigsaw", True),
