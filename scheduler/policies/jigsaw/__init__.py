@@ -41,8 +41,7 @@ over jobs divided by the GPUs. Each round:
    sooner on average one after the other on 4 than both at once on 2 or 1), and
    admitting everyone is better where width buys little. The floors are a low one and
    high ones: a middle floor's sizes are what growth reaches from a high one's where
-   GPUs stay idle (dropping 0.5 for 0.3 lowered the simulated goodput JCT at every load
-   tried, `benchmarks.goodput_sim`).
+   GPUs stay idle.
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
    suspended. Kept jobs stay where they are; newcomers and moved jobs are
