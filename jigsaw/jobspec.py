@@ -69,6 +69,7 @@ _FOREIGN_MODULES = frozenset(
     sys.stdlib_module_names | {"__main__", "api", "scheduler", "migrations"}
 )
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_MAX_BATCH = 1_048_576  # samples in a global batch
 
 
 def checked_workload(value: str) -> str:
@@ -111,7 +112,7 @@ _TRIAL_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 
 
 class Hyperparameters(StrictModel):
-    batch_size: int = Field(default=64, ge=1, le=1_048_576, description="Global batch size.")
+    batch_size: int = Field(default=64, ge=1, le=_MAX_BATCH, description="Global batch size.")
     learning_rate: float = Field(default=0.01, gt=0, le=100, description="Learning rate.")
     optimizer: Literal["sgd", "adam", "kfac"] = Field(default="sgd", description="Optimizer.")
     trial: dict[str, TrialValue] = Field(
@@ -219,15 +220,15 @@ class BatchPolicy(StrictModel):
         default=None,
         alias="global",
         ge=1,
-        le=1_048_576,
+        le=_MAX_BATCH,
         description="Global batch size, kept whatever the worker count (default: "
         "`hyperparameters.batch_size`; set one of the two).",
     )
     min: int | None = Field(
-        default=None, ge=1, le=1_048_576, description="Least global batch (adaptive only)."
+        default=None, ge=1, le=_MAX_BATCH, description="Least global batch (adaptive only)."
     )
     max: int | None = Field(
-        default=None, ge=1, le=1_048_576, description="Largest global batch (adaptive only)."
+        default=None, ge=1, le=_MAX_BATCH, description="Largest global batch (adaptive only)."
     )
     adaptive: bool = Field(
         default=False,
@@ -305,13 +306,15 @@ class JobSpec(StrictModel):
     @classmethod
     def _global_batch_in_hyperparameters(cls, data: Any) -> Any:
         """`batch.global` and `hyperparameters.batch_size` are one value: the one given
-        fills the other, so everything downstream reads `hyperparameters.batch_size`."""
+        fills the other, so everything downstream reads `hyperparameters.batch_size`. An
+        invalid one is not copied: `batch.global` alone reports it."""
         if not isinstance(data, dict):
             return data
         batch, hyperparameters = data.get("batch"), data.get("hyperparameters", {})
         if (
             isinstance(batch, dict)
-            and "global" in batch
+            and type(batch.get("global")) is int
+            and 1 <= batch["global"] <= _MAX_BATCH
             and isinstance(hyperparameters, dict)
             and "batch_size" not in hyperparameters
         ):
@@ -457,6 +460,8 @@ class JobSpec(StrictModel):
             )
         if not batch.adaptive and (batch.min is not None or batch.max is not None):
             raise ValueError("min and max bound an adaptive batch: set adaptive: true")
+        if batch.min is not None and batch.max is not None and batch.min > batch.max:
+            raise ValueError(f"min ({batch.min}) is more than max ({batch.max})")
         low = batch.min if batch.min is not None else size
         high = batch.max if batch.max is not None else size
         if size is not None and low is not None and high is not None and not low <= size <= high:

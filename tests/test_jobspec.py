@@ -221,6 +221,7 @@ def test_batch_global_is_the_hyperparameters_batch_size() -> None:
             "set one",
         ),
         ({"batch": {"min": 8}}, "batch", "adaptive: true"),
+        ({"batch": {"min": 128, "max": 32, "adaptive": True}}, "batch", "min (128) is more than"),
         ({"batch": {"min": 128, "adaptive": True}}, "batch", "within [min, max]"),
         ({"batch": {"max": 32, "adaptive": True}}, "batch", "within [min, max]"),
         (
@@ -241,3 +242,11 @@ def test_bad_elastic_and_batch_specs_name_their_path(
 ) -> None:
     errors = _error_locs({**BASE, **patch})
     assert any(at == loc and message in text for at, text in errors), errors
+
+
+@pytest.mark.parametrize("value", [0, "64", 2**70, 64.0, True])
+def test_a_bad_global_batch_is_reported_once_where_it_was_written(value: Any) -> None:
+    """`batch.global` fills `hyperparameters.batch_size` only when it is a batch size:
+    a bad one is not also blamed on a field the user did not write."""
+    errors = _error_locs({**BASE, "batch": {"global": value, "adaptive": True}})
+    assert [at for at, _ in errors] == ["batch.global"], errors
