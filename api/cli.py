@@ -226,6 +226,9 @@ def _metric_rows(job: dict[str, Any], points: list[dict[str, Any]]) -> list[tupl
         ("samples_per_second", "samples/s", "{:,.0f}"),
         ("utilization", "utilization", "{:.0%}"),
         ("spb_depth", "spb depth", "{:.2f}"),
+        ("workers", "workers", "{:.3g}"),
+        ("batch_size", "batch", "{:,.0f}"),
+        ("learning_rate", "lr", "{:.3g}"),
     ):
         if last.get(key) is not None:
             latest.append(f"{label} {fmt.format(last[key])}")

@@ -191,6 +191,20 @@ class MetricPoint(BaseModel):
         description="Mean backpropagation depth over the job's workers, as a fraction of "
         "its stages (1 = full backprop); null until the runtime reports it.",
     )
+    workers: float | None = Field(
+        default=None,
+        description="Workers the job ran on (an elastic job's change at resizes; a mean "
+        "where a point's iterations straddle one).",
+    )
+    batch_size: float | None = Field(
+        default=None,
+        description="Global batch (an adaptive job's, as the scheduler chose it).",
+    )
+    learning_rate: float | None = Field(
+        default=None,
+        description="Learning rate the optimizer stepped with (an adaptive job's scaled "
+        "by AdaScale's gain).",
+    )
 
 
 class MetricSeries(BaseModel):

@@ -178,11 +178,20 @@ def test_metrics_series_is_downsampled(live_api: LiveApi) -> None:
         job = _submit(alice)
         factory = session_factory(live_api.engine)
         with factory() as session, session.begin():
-            # step_seconds alternates 1, 3: every even-width bucket averages to 2.
+            # step_seconds alternates 1, 3: every even-width bucket averages to 2. The
+            # job runs on 2 workers at a batch of 256 from iteration 5,000 (an elastic,
+            # adaptive job's resize), 1 at 128 before.
             record(
                 session,
                 (
-                    {"job_id": job["id"], "iteration": i, "step_seconds": 1.0 + 2 * (i % 2)}
+                    {
+                        "job_id": job["id"],
+                        "iteration": i,
+                        "step_seconds": 1.0 + 2 * (i % 2),
+                        "workers": 1 + (i >= 5_000),
+                        "batch_size": 128 << (i >= 5_000),
+                        "learning_rate": 0.1,
+                    }
                     for i in range(10_000)
                 ),
             )
@@ -193,6 +202,11 @@ def test_metrics_series_is_downsampled(live_api: LiveApi) -> None:
         assert iterations == sorted(iterations) and iterations[-1] == 9_999
         assert all(abs(p["step_seconds"] - 2.0) < 1e-9 for p in points)
         assert points[0]["loss"] is None
+        assert [(p["workers"], p["batch_size"]) for p in (points[0], points[-1])] == [
+            (1, 128),
+            (2, 256),
+        ]
+        assert all(p["learning_rate"] == pytest.approx(0.1) for p in points)
 
 
 def test_cluster_view_shows_holders_to_owner_only(live_api: LiveApi) -> None:

@@ -135,7 +135,15 @@ def test_job_shows_its_latest_metrics_and_a_loss_sparkline(server: Server, tmp_p
             record(
                 session,
                 (
-                    {"job_id": job_id, "iteration": i, "loss": 2.0 / i, "step_seconds": 0.25}
+                    {
+                        "job_id": job_id,
+                        "iteration": i,
+                        "loss": 2.0 / i,
+                        "step_seconds": 0.25,
+                        "workers": 2,
+                        "batch_size": 1024,
+                        "learning_rate": 0.0125,
+                    }
                     for i in range(1, 41)
                 ),
             )
@@ -145,6 +153,7 @@ def test_job_shows_its_latest_metrics_and_a_loss_sparkline(server: Server, tmp_p
     shown = cli(server.home, "job", str(job_id)).stdout
     assert "evaluation" in shown and "accuracy 0.93" in shown
     assert "iteration 40, loss 0.05, step 0.250 s" in shown
+    assert "workers 2, batch 1,024, lr 0.0125" in " ".join(shown.split())  # it may wrap
     (loss,) = [line for line in shown.splitlines() if line.startswith("loss")]
     bars = sparkline([2.0 / i for i in range(1, 41)])
     assert bars.startswith("█▄▃") and bars.endswith("▁") and len(bars) == 40

@@ -139,6 +139,9 @@ def test_every_page_loads_and_follows_a_training_job(server: Server, browser: ob
     expect(page.locator("[data-chart=loss] path")).to_have_count(1)
     # Nothing reports SPB depth yet: the chart says so instead of drawing nothing.
     expect(page.locator("[data-chart=spb-depth] .empty")).to_contain_text("No SPB depth")
+    # Every job reports its workers and global batch (an elastic, adaptive one's change).
+    expect(page.locator("[data-chart=workers] path")).to_have_count(1)
+    expect(page.locator("[data-chart=batch] path")).to_have_count(1)
     expect(page.locator("#leases")).to_contain_text("SPB off")
     expect(page.locator("#events")).to_contain_text("SCHEDULED → RUNNING")
     expect(page.locator("#logs")).not_to_be_empty()

@@ -19,6 +19,9 @@ SERIES_FIELDS = (
     "loss",
     "utilization",
     "spb_depth",
+    "workers",
+    "batch_size",
+    "learning_rate",
 )
 
 

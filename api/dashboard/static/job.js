@@ -25,6 +25,11 @@ function charts(points) {
       series: [series(points, "spb_depth", "depth", COLORS.main, 100)],
       empty: "No SPB depth reported: the job runs full backprop, or its runtime does not report depth",
     }),
+    lineChart({ id: "workers", title: "Workers (an elastic job's change at resizes)", series: [series(points, "workers", "workers", COLORS.main)] }),
+    lineChart({
+      id: "batch", title: "Global batch (an adaptive job's, as the scheduler chose it)",
+      series: [series(points, "batch_size", "batch", COLORS.main)],
+    }),
   ];
 }
 
