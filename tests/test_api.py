@@ -225,11 +225,20 @@ def test_cluster_view_shows_holders_to_owner_only(live_api: LiveApi) -> None:
             session.add(
                 Allocation(job_id=job["id"], gpu_id=gpus[0].id, rank=0, lease_iterations=10)
             )
+            # The holder's utilization is its newest report's.
+            record(
+                session,
+                [
+                    {"job_id": job["id"], "iteration": i, "step_seconds": 1.0, "utilization": u}
+                    for i, u in ((2, 0.75), (1, 0.25))
+                ],
+            )
         view = alice.get("/v1/cluster").json()
         assert view["totals"]["gpus"] == 2 and view["totals"]["gpus_busy"] == 1
         assert view["totals"]["jobs_queued"] == 1
         holder = view["nodes"][0]["gpus"][0]["holders"][0]
         assert holder["job_id"] == job["id"] and holder["job_name"] == "digits"
+        assert holder["utilization"] == 0.75
         hidden = bob.get("/v1/cluster").json()["nodes"][0]["gpus"][0]["holders"][0]
         assert hidden["job_id"] is None and hidden["job_name"] == ""
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from scheduler.models.metrics import newest
 from scheduler.orm import GPU, Agent, Allocation, IterationMetric, Job, Node
 
 
@@ -93,22 +94,8 @@ def cluster_view(session: Session) -> list[NodeRow]:
 
 
 def _latest_utilization(session: Session, job_ids: set[int]) -> dict[int, float | None]:
-    if not job_ids:
-        return {}
-    latest = (
-        select(IterationMetric.job_id, func.max(IterationMetric.iteration).label("it"))
-        .where(IterationMetric.job_id.in_(job_ids))
-        .group_by(IterationMetric.job_id)
-        .subquery()
-    )
-    rows = session.execute(
-        select(IterationMetric.job_id, IterationMetric.utilization).join(
-            latest,
-            (IterationMetric.job_id == latest.c.job_id)
-            & (IterationMetric.iteration == latest.c.it),
-        )
-    )
-    return {job_id: util for job_id, util in rows}
+    latest = newest(session, job_ids, (IterationMetric.utilization,))
+    return {job_id: utilization for job_id, (utilization,) in latest.items()}
 
 
 @dataclass(frozen=True)

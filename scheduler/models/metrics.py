@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, insert, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, func, insert, select
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from scheduler.orm import IterationMetric, table_of, utcnow
 
@@ -126,3 +126,32 @@ def series(session: Session, job_id: int, *, points: int = 500) -> list[SeriesPo
         )
         for row in session.execute(query)
     ]
+
+
+def newest(
+    session: Session,
+    job_ids: Collection[int],
+    columns: tuple[InstrumentedAttribute[Any], ...],
+    among: ColumnElement[bool] | None = None,
+) -> dict[int, tuple[Any, ...]]:
+    """Each job's `columns` at its newest reported iteration (of the rows `among` picks,
+    if given), in one query; a job with no such row is absent."""
+    if not job_ids:
+        return {}
+    chosen = IterationMetric.job_id.in_(job_ids)
+    newest_rows = (
+        select(IterationMetric.job_id, func.max(IterationMetric.iteration).label("iteration"))
+        .where(chosen if among is None else and_(chosen, among))
+        .group_by(IterationMetric.job_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(IterationMetric.job_id, *columns).join(
+            newest_rows,
+            and_(
+                IterationMetric.job_id == newest_rows.c.job_id,
+                IterationMetric.iteration == newest_rows.c.iteration,
+            ),
+        )
+    )
+    return {row[0]: tuple(row[1:]) for row in rows}
