@@ -48,10 +48,17 @@ def split(global_batch: int, workers: int, max_micro_batch: int) -> BatchSplit:
 def nearest_split(batch: int, workers: int, max_micro_batch: int) -> BatchSplit:
     """An adaptive batch on `workers`: as few micro-batches of at most `max_micro_batch`
     as hold `batch`, equal, so the batch run is `batch` rounded down to a multiple of
-    their count (AdaptDL rounds the same way); a ValueError below one sample each."""
+    their count (AdaptDL rounds the same way); a ValueError below one sample each. One
+    worker runs at least two micro-batches where the batch has two samples: the batch's
+    gradient noise is measured between gradients of the same step (pairing a lone
+    gradient with the previous step's, as AdaptDL does, counts the update between them
+    as noise: measured, a batch 20-30 times too large, which the next measurement at it
+    undid)."""
     _check_positive(batch=batch, workers=workers, max_micro_batch=max_micro_batch)
     if batch < workers:
         raise ValueError(f"a batch of {batch} gives no sample to some of {workers} workers")
+    if workers == 1 and batch >= 2:
+        max_micro_batch = min(max_micro_batch, batch // 2)
     accumulation = -(-batch // (workers * max_micro_batch))
     micro_batch = max(1, batch // (workers * accumulation))
     return BatchSplit(workers, micro_batch, min(accumulation, batch // (workers * micro_batch)))

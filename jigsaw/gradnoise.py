@@ -128,6 +128,17 @@ class NoiseEstimator:
         self._var = keep * self._var + (1 - keep) * var * micro_batch / self._base_batch
         self._weight = keep * self._weight + (1 - keep)
 
+    def state(self) -> list[float]:
+        """What `restore` takes: the averages so far (a checkpoint carries them, so a
+        resumed run, at any batch, goes on averaging instead of starting over)."""
+        return [self._sqr, self._var, self._weight]
+
+    def restore(self, state: list[float]) -> None:
+        sqr, var, weight = (float(value) for value in state)
+        if not (math.isfinite(sqr) and math.isfinite(var) and 0 <= weight <= 1):
+            raise ValueError(f"not a noise estimator's state: {state!r}")
+        self._sqr, self._var, self._weight = sqr, var, weight
+
     @property
     def params(self) -> GradParams | None:
         """The smoothed noise at the base batch; None before the first measurement."""

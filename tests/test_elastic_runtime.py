@@ -156,6 +156,38 @@ def test_an_adaptive_batch_scales_the_learning_rate_by_adascale(tmp_path: Path) 
     assert all(r.learning_rate > 0.05 * 1.01 for r in measured)
 
 
+def test_an_adaptive_batch_on_one_worker_runs_two_micro_batches_and_measures_its_noise(
+    tmp_path: Path,
+) -> None:
+    """One gradient a step would measure no noise: one worker splits an adaptive batch of
+    32 in two (16 x 2), so its noise, and AdaScale's rate, come from the first step on;
+    a run resumed from its checkpoint at another batch (a resize, a rebatch) goes on
+    from the noise measured before, its rate the new batch's at once."""
+    fields = {
+        **_FIELDS,
+        "hyperparameters": {"batch_size": 32, "learning_rate": 0.05, "optimizer": "sgd"},
+        "base_batch": 16,
+    }
+    first = run_gang(worker_configs(1, checkpoint_dir=tmp_path, **fields))[0].records
+    assert [r.iteration for r in first] == list(range(1, ITERATIONS + 1))
+    for record in first:
+        assert record.grad_sqr is not None and record.grad_var is not None
+        grad = GradParams(record.grad_sqr, record.grad_var)
+        assert record.learning_rate == pytest.approx(adascale_lr(0.05, 16, 32, grad), rel=1e-9)
+    assert first[-1].learning_rate > 0.05
+    saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)["schedule"]["noise"]
+    assert saved[2] == pytest.approx(1 - 0.99**ITERATIONS)  # the averages' weight so far
+    fields["hyperparameters"] = {**fields["hyperparameters"], "batch_size": 64}
+    fields["max_iterations"] = ITERATIONS + 1
+    [resumed] = run_gang(worker_configs(1, checkpoint_dir=tmp_path, **fields))[0].records
+    assert (resumed.iteration, resumed.batch_size) == (ITERATIONS + 1, 64)
+    assert resumed.grad_sqr is not None and resumed.grad_var is not None
+    grad = GradParams(resumed.grad_sqr, resumed.grad_var)
+    assert resumed.learning_rate == pytest.approx(adascale_lr(0.05, 16, 64, grad), rel=1e-9)
+    saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)["schedule"]["noise"]
+    assert saved[2] == pytest.approx(1 - 0.99 ** (ITERATIONS + 1))  # went on, not anew
+
+
 def test_the_noise_estimator_recovers_a_known_mean_and_variance() -> None:
     """Micro-batch gradients drawn as G + noise of known variance: the estimates, at the
     base batch, converge to |G|^2 and tr(Sigma) x m / B0."""
@@ -187,6 +219,17 @@ def test_the_noise_estimator_needs_two_gradients_and_ignores_diverged_steps() ->
     assert estimator.params is None
 
 
+def test_the_noise_estimator_restores_what_it_averaged() -> None:
+    estimator = NoiseEstimator(32)
+    estimator.update(local_sqr=3.0, total_sqr=2.0, count=4, micro_batch=8)
+    again = NoiseEstimator(32)
+    again.restore(estimator.state())
+    assert again.params == estimator.params and again.state() == estimator.state()
+    for bad in ([1.0, math.nan, 0.5], [1.0, 1.0, 2.0]):
+        with pytest.raises(ValueError, match="noise estimator"):
+            again.restore(bad)
+
+
 @pytest.mark.parametrize(
     ("batch", "workers", "most", "expected"),
     [
@@ -213,6 +256,11 @@ def test_a_batch_that_cannot_split_evenly_is_refused_and_an_adaptive_one_rounds_
     assert elastic.nearest_split(3, 2, 1).global_batch == 2
     with pytest.raises(ValueError, match="no sample"):
         elastic.nearest_split(1, 2, 8)
+    # One worker runs two micro-batches or more, to measure its noise between them.
+    for batch, most, expected in ((32, 32, (16, 2)), (33, 64, (11, 3)), (64, 16, (16, 4))):
+        alone = elastic.nearest_split(batch, 1, most)
+        assert (alone.micro_batch, alone.accumulation) == expected, batch
+    assert elastic.nearest_split(1, 1, 8).accumulation == 1
 
 
 def _launch(spec: dict[str, Any], workers: int, global_batch: int = 0) -> JobLaunch:

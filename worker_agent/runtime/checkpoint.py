@@ -59,6 +59,7 @@ class Fenced(RuntimeError):
 class Resumed:
     iteration: int
     position: DataPosition
+    schedule: dict[str, Any] | None = None  # the backward schedule's own state
 
 
 def save(
@@ -71,10 +72,12 @@ def save(
     stages: bool = False,
     attempt: int = 0,
     global_batch: int | None = None,
+    schedule: dict[str, Any] | None = None,
 ) -> None:
     """Collective: every rank calls it; returns once the checkpoint is durable.
 
     `stages`: every rank's `model` and `optimizer` are its own (a pipeline stage's).
+    `schedule`: rank 0's backward schedule's own state (the same on every rank).
     Raises Fenced on every rank, having written nothing, when a newer attempt than
     `attempt` has claimed the directory.
     """
@@ -95,6 +98,8 @@ def save(
         }
         if global_batch is not None:
             state["global_batch"] = global_batch
+        if schedule is not None:
+            state["schedule"] = schedule
         if stages:
             state["stages"] = [stage for _, stage in gathered]
         else:
@@ -160,7 +165,7 @@ def load(
     written_batch = state.get("global_batch", global_batch)
     if global_batch is not None and written_batch != global_batch:
         position = DataPosition(position.epoch, -(-position.batch * written_batch // global_batch))
-    return Resumed(state["iteration"], position)
+    return Resumed(state["iteration"], position, state.get("schedule"))
 
 
 def claim(directory: Path, attempt: int) -> None:

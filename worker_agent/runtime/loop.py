@@ -234,14 +234,25 @@ class _Training:
                 partial=self._partial,
             )
         )
-        self._batches = ShardedBatches(
-            dataset,
-            rank=context.replica,
-            world_size=context.replicas,
-            batch_size=rank_batch,
-            seed=config.seed,
-            start=resumed.position if resumed is not None else DataPosition(),
-        )
+        if resumed is not None and resumed.schedule is not None:
+            self._schedule.restore(resumed.schedule)
+        try:
+            self._batches = ShardedBatches(
+                dataset,
+                rank=context.replica,
+                world_size=context.replicas,
+                batch_size=rank_batch,
+                seed=config.seed,
+                start=resumed.position if resumed is not None else DataPosition(),
+            )
+        except ValueError as exc:
+            if config.base_batch is None:
+                raise
+            raise ValueError(
+                f"{exc}: the scheduler chose a global batch of {self._global_batch} for "
+                "goodput within the spec's batch.max, which this job's data cannot hold; "
+                "lower batch.max"
+            ) from exc
         self._reports = ReportBuffer(
             controller, config.report_every_iterations, config.report_every_seconds
         )
@@ -469,6 +480,7 @@ class _Training:
                 stages=self._split is not None,
                 attempt=self._config.attempt,
                 global_batch=self._global_batch,
+                schedule=self._schedule.state(),
             )
 
     def _announce(self, message: str) -> None:

@@ -135,6 +135,14 @@ class Schedule(ABC):
         jobs' schedule measures it)."""
         return None
 
+    def state(self) -> dict[str, Any] | None:
+        """What the schedule carries across a checkpoint besides the model and the
+        optimizer (None: nothing), handed to `restore` when a run resumes from it."""
+        return None
+
+    def restore(self, state: dict[str, Any]) -> None:  # noqa: B027 (most carry nothing)
+        """Take up `state` from a checkpoint (see `state`)."""
+
     def before_evaluation(self) -> None:
         """Every rank, at an evaluation boundary: rank 0's whole model is made current."""
         if self._rank0:

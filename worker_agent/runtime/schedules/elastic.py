@@ -7,7 +7,9 @@ the last one averages the global batch's gradient as one large step would (up to
 floating-point order). The noise (`jigsaw.gradnoise.NoiseEstimator`) needs every
 micro-batch's own gradient: those that accumulate locally are read as the change in
 the accumulated gradient, and the last one inside the comm hook, before its bucket is
-averaged. With adaptive batches the learning rate follows AdaScale's rule.
+averaged (an adaptive batch on one worker always runs two or more: `jigsaw.elastic`).
+With adaptive batches the learning rate follows AdaScale's rule; the noise so far is
+checkpointed, so a run resumed at another batch (a resize, a rebatch) goes on from it.
 """
 
 # No `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
@@ -103,6 +105,16 @@ class ElasticDataParallel(DataParallel):
     def gradient_noise(self) -> GradParams | None:
         return self.noise.params
 
+    def state(self) -> dict[str, Any] | None:
+        return {"noise": self.noise.state()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """The noise measured before the checkpoint, and an adaptive batch's learning
+        rate from it at once (the optimizer's restored rate is the old batch's)."""
+        if "noise" in state:
+            self.noise.restore(state["noise"])
+            self._adapt_learning_rate()
+
     def _measure_noise(self, count: int) -> None:
         """One step's noise from every rank's micro-batches (`count` each), then the
         learning rate an adaptive batch takes from it."""
@@ -124,6 +136,10 @@ class ElasticDataParallel(DataParallel):
             count=gradients,
             micro_batch=self.split.micro_batch,
         )
+        self._adapt_learning_rate()
+
+    def _adapt_learning_rate(self) -> None:
+        """An adaptive batch's learning rate by AdaScale's rule, from the noise so far."""
         if self._base_batch is not None:
             rate = adascale_lr(
                 self._base_lr,
