@@ -85,7 +85,8 @@ class Dispatcher(Protocol):
 
     def shrink(self, launch: Launch) -> bool:
         """Shrink the running job in place at its next boundary to `launch` (fewer of its
-        GPUs on its one node, its rank 0's kept; the attempt it runs): a SHRUNK report
+        GPUs on its one node, its rank 0's kept, or all of them at another global batch;
+        the attempt it runs): a SHRUNK report
         follows once the ranks that leave are gone. False when it cannot be asked so (the
         caller resizes the job by a restart); an agent that cannot do it suspends it."""
         ...

@@ -699,7 +699,10 @@ class SchedulerService:
         """Ask each running elastic job to shrink in place at its next boundary where it
         can (`scheduler.resize.in_place`), else to checkpoint there for a restart."""
         for resize in resizes:
-            if resize.job_id in self._resizing:
+            # One at a time: the next once the last one's new gang has reported (its
+            # cost measured), so that a rebatch is not asked again before the job
+            # reports the batch it made.
+            if resize.job_id in self._resizing or resize.job_id in self._measuring:
                 continue
             with transaction(self._factory) as session:
                 job = session.get(Job, resize.job_id)

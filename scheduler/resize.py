@@ -2,10 +2,11 @@
 on the new gang.
 
 A shrink to some of the GPUs of a gang on one node that keeps its rank 0's GPU happens
-in place (`in_place`): the dispatcher asks the agent, whose ranks checkpoint at the
-boundary and go on in the same processes, or leave; its SHRUNK report gives back the
-GPUs left and the cost is measured as below. Every other resize, and one the agent
-cannot do in place (it suspends the job instead), is a restart.
+in place (`in_place`), and so does an adaptive job's rebatch (the same GPUs, another
+global batch): the dispatcher asks the agent, whose ranks checkpoint at the boundary
+and go on in the same processes (at the new batch), or leave; its SHRUNK report gives
+back the GPUs left and the cost is measured as below. Every other resize, and one the
+agent cannot do in place (it suspends the job instead), is a restart.
 
 The loop applies a restart in three steps across rounds (`SchedulerService`):
 it asks the job's processes to suspend, keeping the job RUNNING on its old GPUs (a
@@ -45,14 +46,15 @@ class PendingResize:
 
 
 def in_place(gang: tuple[Worker, ...], resize: Resize) -> tuple[Worker, ...] | None:
-    """The smaller gang, its ranks in the order they had, when `resize` shrinks `gang`
-    (by rank) to some of its GPUs on its one node, its rank 0's among them; else None."""
-    new = set(resize.gpu_ids)
+    """The new gang, its ranks in the order they had, when `resize` shrinks `gang` (by
+    rank) to some of its GPUs on its one node, its rank 0's among them, or keeps them all
+    with a new global batch (an adaptive job's rebatch); else None."""
+    new, held = set(resize.gpu_ids), {worker.gpu_id for worker in gang}
     if (
         not gang
         or len({worker.node_name for worker in gang}) != 1
         or gang[0].gpu_id not in new
-        or not new < {worker.gpu_id for worker in gang}
+        or not (new < held or (new == held and resize.global_batch))
         or len(new) != len(resize.gpu_ids)
     ):
         return None
@@ -67,11 +69,13 @@ def refusal(spec_json: dict[str, Any], workers_now: int, resize: Resize) -> str 
     except ValidationError:
         return "its stored spec no longer validates"
     workers = len(resize.gpu_ids)
-    if spec.elastic is None:
+    if spec.elastic is None and not (spec.adaptive and workers == workers_now):
         return "it is not elastic"
     if len(set(resize.gpu_ids)) != workers:
         return f"GPUs {list(resize.gpu_ids)} repeat"
-    if not spec.elastic.min_workers <= workers <= spec.elastic.max_workers:
+    if spec.elastic is not None and not (
+        spec.elastic.min_workers <= workers <= spec.elastic.max_workers
+    ):
         return (
             f"{workers} workers is outside its range [{spec.elastic.min_workers}, "
             f"{spec.elastic.max_workers}]"

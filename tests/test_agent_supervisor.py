@@ -447,6 +447,44 @@ def test_a_job_shrinks_in_place_in_the_same_process_and_frees_the_gpu_it_left(
     _assert_gone(pids)
 
 
+def test_an_adaptive_job_changes_its_batch_in_place_in_the_same_processes(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    """A rebatch: the same gang, another global batch (the scheduler's choice for
+    goodput). Every rank checkpoints at the boundary and goes on in its process at the
+    new batch; no rank leaves, no GPU is freed, the job never exits."""
+    spec = {"max_iterations": _BIG, "batch": {"min": 32, "max": 256, "adaptive": True}}
+    launch = _launch(11, spec=spec, checkpoint_dir=str(tmp_path / "checkpoints"), attempt=2)
+    _start(supervisor, launch)
+    pids = supervisor.pids(11)
+    before = _until(supervisor, _is_report)
+
+    larger = agent_pb2.LaunchCommand()
+    larger.CopyFrom(launch)
+    larger.global_batch, larger.master_port = 128, free_port()
+    supervisor.shrink(wire.job_launch(larger, supervisor.node))
+    seen = _until(supervisor, lambda m: isinstance(m, agent_pb2.JobShrunk))
+    rebatched = seen[-1]
+    assert isinstance(rebatched, agent_pb2.JobShrunk)
+    assert [(a.rank, a.gpu_index) for a in rebatched.ranks] == [(0, 0), (1, 1)]
+    assert supervisor.runs() == {11: (2, {0: 0, 1: 1})} and supervisor.pids(11) == pids
+
+    after = _until(
+        supervisor,
+        lambda m: _is_report(m) and m.records[-1].iteration > rebatched.iteration + 2,
+    )
+    records = [r for m in before + seen + after if _is_report(m) for r in m.records]
+    assert [r.iteration for r in records] == list(range(1, records[-1].iteration + 1))
+    assert {r.batch_size for r in records if r.iteration <= rebatched.iteration} == {64}
+    assert {r.batch_size for r in records if r.iteration > rebatched.iteration} == {128}
+    assert {r.workers for r in records} == {2}
+    assert not any(isinstance(m, agent_pb2.JobExit) for m in seen + after)
+    supervisor.suspend(11)
+    _, end = _until_exit(supervisor, 11)
+    assert end.outcome == agent_pb2.OUTCOME_SUSPENDED
+    _assert_gone(pids)
+
+
 def test_a_shrink_that_cannot_happen_in_place_suspends_the_job(
     supervisor: Supervisor, tmp_path: Path
 ) -> None:

@@ -5,7 +5,8 @@ arrives, in place (its rank 0 trains on in the same process from the boundary's
 checkpoint, rank 1 exits and frees its GPU for the newcomer), and grows back once the
 second job is done, checkpointing and restarting on the new gang; each resize is stored
 as a `resized` event with its mechanism and measured cost, the job resumes at the very
-boundary it checkpointed at, and both jobs succeed.
+boundary it checkpointed at, and both jobs succeed. Under JigSaw an adaptive job's
+batch changes where it runs, in place, as its measured goodput says.
 """
 
 from __future__ import annotations
@@ -59,3 +60,45 @@ def test_an_elastic_job_shrinks_for_a_newcomer_and_grows_back(tmp_path: Path) ->
                     for line in lines
                 ), (r, lines)
             assert client.get_job(elastic)["iterations_done"] == 4000
+
+
+ADAPTIVE = {
+    "name": "adaptive",
+    "workload": "digits-mlp",
+    "workers": 2,
+    # Up to 512: two ranks' shares of the digits (1,437 samples) hold 718 each.
+    "batch": {"global": 64, "min": 64, "max": 512, "adaptive": True},
+    "hyperparameters": {"learning_rate": 0.05},
+    "max_iterations": 3000,
+}
+
+
+def test_jigsaw_changes_an_adaptive_jobs_batch_in_place_as_its_goodput_says(
+    tmp_path: Path,
+) -> None:
+    """On two workers a larger batch spends less of each sample on synchronisation: once
+    the job's measured noise says the best batch makes 10% more goodput, JigSaw asks the
+    change, and the agent applies it at a boundary in the same processes (a `resized`
+    event from 2 to 2 workers, in place); the job reports the new batch and succeeds."""
+    settings = {"JIGSAW_SCHEDULER_POLICY": "jigsaw", "JIGSAW_SCHEDULER_LEASE_ITERATIONS": "20"}
+    with cluster(tmp_path, **settings) as c:
+        c.start_agent("agent-a", gpus=2)
+        c.wait_nodes(alive=1)
+        with c.client() as client:
+            job = client.submit(ADAPTIVE)["id"]
+            assert c.wait_job(job, ended, "ended")["state"] == "SUCCEEDED"
+            events = client.events(job)["items"]
+            rebatched = [e["data"] for e in events if e["kind"] == "resized"]
+            assert rebatched, [e["kind"] for e in events]
+            for data in rebatched:
+                assert (data["from_workers"], data["to_workers"]) == (2, 2)
+                assert data["mechanism"] == "in-place" and 64 <= data["global_batch"] <= 512
+            first = rebatched[0]
+            assert first["global_batch"] > 64  # goodput grows with the batch at first
+            # The reports right after its boundary run at its batch, on both workers.
+            points = client.metrics(job, points=3000)["points"]
+            after = [
+                p for p in points if first["iteration"] < p["iteration"] <= first["iteration"] + 5
+            ]
+            assert {(p["batch_size"], p["workers"]) for p in after} == {(first["global_batch"], 2)}
+            assert client.get_job(job)["iterations_done"] == 3000

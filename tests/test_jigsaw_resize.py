@@ -1,6 +1,7 @@
 """JigSaw moves a running elastic job by the plan's `Resize` (the live cluster's
 checkpoint-restart), charges the move's measured cost, and gives an adaptive job the
-batch its model chose; other moved jobs are suspended and started again."""
+batch its model chose, changing a running one's where it is once that is far enough from
+the batch it reports; other moved jobs are suspended and started again."""
 
 from __future__ import annotations
 
@@ -67,3 +68,28 @@ def test_an_adaptive_job_starts_and_resizes_at_the_batch_its_model_chose() -> No
     plan = jigsaw.schedule(snap(nodes(1, 4, held={100: 1, 101: 1}), grown))
     assert plan.resize == (Resize(1, plan.resize[0].gpu_ids, 512),)
     assert len(plan.resize[0].gpu_ids) == 4
+
+
+def test_a_running_adaptive_job_changes_its_batch_where_it_is_for_enough_goodput() -> None:
+    """The batch with the most goodput grows with the gradient noise as a job trains:
+    a job that stays on its GPUs gets a `Resize` to them at that batch (in place on the
+    cluster) once it makes `rebatch_gain` more goodput than its own; below that (goodput
+    flat in the batch), or with the gain not known (the simulator's), nothing moves."""
+
+    def adaptive(gain: float) -> JobModel:
+        return JobModel(
+            iterations_total=10_000,
+            workers=2,
+            steps={1: {1: (2.0, 0.0)}, 2: {1: (1.0, 0.1)}},
+            batches={1: {1: 128}, 2: {1: 256}},
+            batch_gain=gain,
+        )
+
+    cluster = nodes(1, 2, held={100: 1, 101: 1})
+    for gain, rebatched in ((0.5, True), (0.1, True), (0.09, False), (0.0, False)):
+        stays = running(1, adaptive(gain), (100, 101), elastic=False)
+        plan = jigsaw.schedule(snap(cluster, stays))
+        wanted = (Resize(1, (100, 101), 256),) if rebatched else ()
+        assert (plan.resize, plan.start, plan.suspend) == (wanted, (), ()), gain
+    stays = running(1, adaptive(0.5), (100, 101), elastic=False)
+    assert jigsaw.schedule(snap(cluster, stays), JigsawParams(rebatch_gain=0.0)).resize == ()

@@ -7,6 +7,7 @@ forgot is requeued, not stranded."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, select, update
@@ -40,7 +41,9 @@ def factory(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
-def _elastic_job(factory: sessionmaker[Session], workers: int = 2) -> int:
+def _elastic_job(
+    factory: sessionmaker[Session], workers: int = 2, **fields: dict[str, Any]
+) -> int:
     spec = JobSpec.model_validate(
         {
             "name": "e",
@@ -48,6 +51,7 @@ def _elastic_job(factory: sessionmaker[Session], workers: int = 2) -> int:
             "workers": workers,
             "max_iterations": 1000,
             "elastic": {"min_workers": 1, "max_workers": 2},
+            **fields,
         }
     )
     with transaction(factory) as session:
@@ -78,11 +82,13 @@ def _started_on_node_a(
     gpus: int,
     dispatcher: SimulatedDispatcher,
     settings: SchedulerSettings = SETTINGS,
+    **fields: dict[str, Any],
 ) -> tuple[int, list[Resize], SchedulerService]:
-    """A 2-worker elastic job started on node "a" (of `gpus` GPUs) by a loop under policy
-    "resizing": its id, the resizes the policy asks (`_resizing`) and the loop."""
+    """A 2-worker elastic job (its spec's `fields` added) started on node "a" (of `gpus`
+    GPUs) by a loop under policy "resizing": its id, the resizes the policy asks
+    (`_resizing`) and the loop."""
     add_nodes(factory, {"a": gpus})
-    job_id = _elastic_job(factory)
+    job_id = _elastic_job(factory, **fields)
     wanted = _resizing(monkeypatch)
     loop = SchedulerService(factory, dispatcher, settings, policy_name="resizing")
     loop.run_round(T0)
@@ -198,6 +204,45 @@ def test_a_shrink_on_one_node_is_asked_in_place_and_its_report_frees_the_gpus_le
     assert held_gpus(factory, job_id) == [("a", 0)]
 
 
+def test_an_adaptive_jobs_rebatch_is_asked_in_place_once_until_the_new_batch_reports(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dispatcher = Shrinking()
+    batch = {"min": 32, "max": 256, "adaptive": True}
+    job_id, wanted, loop = _started_on_node_a(factory, monkeypatch, 2, dispatcher, batch=batch)
+    gpus = _gpu_ids(factory)[:2]
+    wanted[:] = [Resize(job_id, tuple(gpus), 128)]
+    [decision] = loop.run_round(T0 + timedelta(seconds=2)).decisions
+    assert (decision.kind, decision.detail["mechanism"]) == ("resize", "in-place")
+    [launch] = dispatcher.shrinks
+    assert [(w.rank, w.gpu_index) for w in launch.workers] == [(0, 0), (1, 1)]
+    assert launch.global_batch == 128
+    dispatcher.pending.append(
+        Report(job_id, 30, RunOutcome.SHRUNK, "rebatched", node="a", ranks=(0, 1))
+    )
+    loop.run_round(T0 + timedelta(seconds=3))
+    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+    # Asked again before the job reports past its boundary (it still reports the old
+    # batch): not sent twice.
+    loop.run_round(T0 + timedelta(seconds=4))
+    assert len(dispatcher.shrinks) == 1
+    with transaction(factory) as session:
+        for iteration, seconds in ((30, 2.5), (31, 4.6)):
+            session.add(IterationMetric(job_id=job_id, iteration=iteration, step_seconds=0.1,
+                                        reported_at=T0 + timedelta(seconds=seconds)))  # fmt: skip
+    wanted.clear()
+    loop.run_round(T0 + timedelta(seconds=5))
+    [event] = events(factory, "resized")
+    assert event.data == {
+        "from_workers": 2,
+        "to_workers": 2,
+        "iteration": 30,
+        "seconds": pytest.approx(2.1),
+        "global_batch": 128,
+        "mechanism": "in-place",
+    }
+
+
 def test_with_in_place_off_a_shrink_is_a_restart(
     factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,6 +276,13 @@ def test_a_resize_is_in_place_only_as_a_shrink_to_some_gpus_keeping_rank_0s(
     workers = tuple(_worker(rank, gpu) for rank, gpu in enumerate(gang))
     found = in_place(workers, Resize(7, gpu_ids))
     assert (None if found is None else tuple((w.rank, w.gpu_id) for w in found)) == smaller
+
+
+def test_a_rebatch_on_the_same_gpus_is_in_place_and_keeps_the_ranks() -> None:
+    workers = tuple(_worker(rank, gpu) for rank, gpu in enumerate((1, 2, 3)))
+    same = in_place(workers, Resize(7, (3, 1, 2), global_batch=256))
+    assert same is not None and [(w.rank, w.gpu_id) for w in same] == [(0, 1), (1, 2), (2, 3)]
+    assert in_place(workers, Resize(7, (1, 2, 3))) is None  # no new batch: nothing to do
 
 
 def test_a_gang_over_two_nodes_is_resized_by_a_restart() -> None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import BatchPolicy, ElasticRange, Hyperparameters
 from scheduler.db import session_factory, transaction
 from scheduler.models.resizes import IN_PLACE, RESTART, record_resized
+from scheduler.orm import GPU, Allocation
 from tests.test_scheduler_loop import T0, add_nodes
 from tests.test_snapshot_models import add_job, counted, report, snapshot
 
@@ -111,6 +112,36 @@ def test_an_adaptive_job_runs_each_size_at_the_batch_its_noise_allows(
     model = snapshot(factory).jobs[0].model
     assert model is not None and model.batches
     assert model.batch_at(4, 1) > 64  # much noise: a larger batch is as efficient
+    # Not running: no gain of changing its batch where it is.
+    assert model.batch_gain == 0.0
+
+
+def test_a_running_adaptive_job_knows_the_gain_of_the_best_batch_over_its_own(
+    factory: sessionmaker[Session],
+) -> None:
+    """Goodput at the batch it reported last, on the GPUs it holds, against the best
+    there: much noise makes a batch of 32 a waste of the larger one's goodput; little
+    noise, no gain worth the change."""
+    add_nodes(factory, {"a": 2})
+    job_id = elastic_job(factory, batch=BatchPolicy(adaptive=True, min=32, max=1024))
+    with transaction(factory) as session:
+        gpus = session.scalars(select(GPU.id).order_by(GPU.id)).all()
+        session.add_all(
+            Allocation(job_id=job_id, gpu_id=gpu, rank=rank, lease_iterations=100)
+            for rank, gpu in enumerate(gpus)
+        )
+    for batch in (32, 64):  # step time grows slower than the batch: a fixed cost
+        report(factory, job_id, range(batch, batch + 10), step=0.5 + batch / 128, comm=0.1,
+               workers=2, batch_size=batch)  # fmt: skip
+    gains = []
+    for iteration, var in ((100, 500.0), (101, 0.01)):
+        report(factory, job_id, range(iteration, iteration + 1), step=0.75, comm=0.1,
+               workers=2, batch_size=32, grad_sqr=1.0, grad_var=var)  # fmt: skip
+        model = snapshot(factory).jobs[0].model
+        assert model is not None
+        gains.append(model.batch_gain)
+    noisy, quiet = gains
+    assert noisy > 0.5 and quiet < 0.1
 
 
 def test_a_job_s_resize_cost_is_its_own_else_the_cluster_s(

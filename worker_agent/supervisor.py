@@ -11,7 +11,8 @@ A job whose every rank runs here may shrink in place (`shrink`): at its next bou
 each rank checkpoints and says "shrunk"; the ranks on the new gang's GPUs are given their
 configuration in it (renumbered, the same GPU) and train on in the same processes, the
 others exit (`Outcome.LEFT`); `Shrunk` tells the scheduler once they have, so that
-their GPUs go to other jobs only when free.
+their GPUs go to other jobs only when free. A "shrink" to all of its GPUs changes an
+adaptive job's global batch in place (a rebatch): nobody leaves.
 
 A job never has two runs here, and a launch older than an attempt seen here never
 starts: the attempt is the run's fence (the scheduler's placement number), also written
@@ -288,7 +289,8 @@ class Supervisor:
 
     def shrink(self, launch: JobLaunch) -> None:
         """Shrink the job in place at its next boundary to `launch`'s ranks: a launch of
-        its running attempt on GPUs its ranks hold, rank 0 on rank 0's. A job that
+        its running attempt on GPUs its ranks hold (some, or all at another batch), rank
+        0 on rank 0's. A job that
         cannot shrink so (ranks on other nodes, another attempt, a command under way) is
         suspended instead: its checkpoint lets the scheduler restart it on the new gang."""
         with self._lock:
@@ -771,13 +773,9 @@ def _why_not_in_place(job: _Job, launch: JobLaunch) -> str | None:
         return "it has no checkpoint directory"
     held = {rank.gpu_index for rank in job.ranks.values()}
     new = set(launch.gpus.values())
-    if (
-        not 0 < len(new) < len(held)
-        or not new <= held
-        or launch.gpus.get(0) != job.ranks[0].gpu_index
-    ):
+    if not new or not new <= held or launch.gpus.get(0) != job.ranks[0].gpu_index:
         return (
-            f"GPUs {sorted(new)} are not fewer of its GPUs {sorted(held)} with rank 0 on "
+            f"GPUs {sorted(new)} are not some of its GPUs {sorted(held)} with rank 0 on "
             f"GPU {job.ranks[0].gpu_index}"
         )
     return None

@@ -650,12 +650,13 @@ class AgentDispatcher:
 
 
 def _shrunk_from(held: Mapping[int, int], ranks: Mapping[int, int]) -> bool:
-    """Whether `ranks` (rank -> GPU index) is what an in-place shrink leaves of `held`."""
+    """Whether `ranks` (rank -> GPU index) is what an in-place shrink leaves of `held`
+    (all of it: a rebatch)."""
     return (
         bool(ranks)
         and sorted(ranks) == list(range(len(ranks)))
         and ranks.get(0) == held.get(0)
-        and set(ranks.values()) < set(held.values())
+        and set(ranks.values()) <= set(held.values())
     )
 
 

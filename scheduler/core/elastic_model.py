@@ -33,11 +33,14 @@ Table = dict[int, dict[int, tuple[float, float]]]
 
 @dataclass(frozen=True)
 class SizedSteps:
-    """Seconds per step and of them in synchronisation by (workers, nodes), and the
-    global batch of an adaptive job there (empty: a fixed batch)."""
+    """Seconds per step and of them in synchronisation by (workers, nodes), the global
+    batch of an adaptive job there (empty: a fixed batch), and how much more goodput the
+    best batch of the size it holds makes than the batch it reported last (0: none, or
+    not known)."""
 
     steps: Table
     batches: dict[int, dict[int, int]]
+    batch_gain: float = 0.0
 
 
 def sample(
@@ -96,10 +99,12 @@ def adaptive_batch(
     max_nodes: int,
     grad: GradParams,
     limits: BatchLimits,
+    running: tuple[int, int, int] | None = None,
 ) -> SizedSteps:
     """Every size over 1 to `max_nodes` nodes at the batch with the most goodput there,
     in seconds per base-batch step of progress (a size no allowed batch runs on is
-    left out)."""
+    left out); with `running` = (workers, nodes, batch) it runs at, the gain of the best
+    batch there over its own."""
     model = GoodputModel(fit_throughput(samples), grad, limits)
     steps: Table = {}
     batches: dict[int, dict[int, int]] = {}
@@ -113,4 +118,9 @@ def adaptive_batch(
             made = choice.batch / limits.base * model.efficiency(choice.batch)
             steps.setdefault(workers, {})[nodes] = (step / made, min(sync, step) / made)
             batches.setdefault(workers, {})[nodes] = choice.batch
-    return SizedSteps(steps, batches)
+    gain = 0.0
+    if running is not None:
+        best, current = model.best_batch(running[0], running[1]), model.goodput(*running)
+        if best is not None and current > 0:
+            gain = max(best.goodput / current - 1.0, 0.0)
+    return SizedSteps(steps, batches, gain)

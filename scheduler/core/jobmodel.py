@@ -69,6 +69,8 @@ class JobModel:
     that adapts its batch size runs at there (the one with the most goodput,
     `scheduler.core.goodput`); its `steps` are then seconds per step of the base batch's
     statistical progress and `iterations_total` that progress (empty: a fixed batch).
+    `batch_gain`: how much more goodput such a job running makes at the best batch of
+    the size it holds than at the batch it reported last (0: none, or not known).
 
     Compared and hashed by identity: it never changes, so what a policy derives from
     it alone is cached per model (`functools.lru_cache`), and its tables are dicts.
@@ -82,6 +84,7 @@ class JobModel:
     spb_profile: spb.SPBProfile | None = None
     utilization: float | None = None
     batches: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
+    batch_gain: float = 0.0
     _shapes: dict[tuple[int, int, tuple[float, float, int] | None], Shape] = field(
         default_factory=dict, compare=False, hash=False, repr=False
     )

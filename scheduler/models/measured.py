@@ -145,6 +145,7 @@ def job_models(
             spb_profile=profile,
             utilization=prior.get(job.id) if utilization is None else utilization,
             batches=table.batches if table is not None else {},
+            batch_gain=table.batch_gain if table is not None else 0.0,
         )
     return models
 

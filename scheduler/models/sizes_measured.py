@@ -1,13 +1,14 @@
 """What the database knows of an elastic or adaptive job's speed at every size: the
 step times measured at each size it ran, fitted (`scheduler.core.elastic_model`), and
-the gradient noise it last reported.
+the gradient noise and the global batch it last reported.
 
 Two queries for all such jobs together, whatever their number: each job's mean step and
 synchronisation seconds by (workers, global batch) over every iteration it ran alone at
 full backprop with its size reported (every size it ever ran counts, not the recent
 window: a size it left an hour ago is still what it measured there), and its newest
-gradient noise. Which nodes an iteration ran on is not reported: the size it holds now
-is taken at the nodes it holds, the others on the fewest nodes.
+gradient noise; one more for adaptive jobs' newest batches. Which nodes an iteration
+ran on is not reported: the size it holds now is taken at the nodes it holds, the
+others on the fewest nodes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from jigsaw.gradnoise import GradParams
@@ -27,6 +28,7 @@ from jigsaw.jobspec import JobSpec
 from scheduler.core import elastic_model
 from scheduler.core.elastic_model import SizedSteps
 from scheduler.core.goodput import BatchLimits, StepSample
+from scheduler.models.metrics import newest
 from scheduler.orm import IterationMetric
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,8 @@ def sized_steps(
     if not jobs:
         return {}
     measured = _measured(session, [job.id for job in jobs])
-    noise = _noise(session, [job.id for job in jobs if job.spec.adaptive])
+    adaptive = [job.id for job in jobs if job.spec.adaptive]
+    noise, batches_now = _noise(session, adaptive), _batches_now(session, adaptive)
     tables = {}
     for job in jobs:
         samples = _samples(job, measured.get(job.id, []), per_node)
@@ -75,8 +78,10 @@ def sized_steps(
         grad = noise.get(job.id)
         try:
             if job.spec.adaptive and grad is not None:
+                now = batches_now.get(job.id)
+                running = (job.held, job.held_nodes, now) if now and job.held else None
                 table = elastic_model.adaptive_batch(
-                    samples, sizes, max_nodes, grad, _limits(job.spec)
+                    samples, sizes, max_nodes, grad, _limits(job.spec), running
                 )
             else:
                 table = elastic_model.fixed_batch(
@@ -122,29 +127,24 @@ def _measured(
 
 def _noise(session: Session, job_ids: list[int]) -> dict[int, GradParams]:
     """Each job's newest reported gradient noise (at its base batch)."""
-    if not job_ids:
-        return {}
-    newest = (
-        select(IterationMetric.job_id, func.max(IterationMetric.iteration).label("iteration"))
-        .where(IterationMetric.job_id.in_(job_ids), IterationMetric.grad_sqr.is_not(None))
-        .group_by(IterationMetric.job_id)
-        .subquery()
-    )
+    columns = (IterationMetric.grad_sqr, IterationMetric.grad_var)
     noise = {}
-    for job_id, sqr, var in session.execute(
-        select(IterationMetric.job_id, IterationMetric.grad_sqr, IterationMetric.grad_var).join(
-            newest,
-            and_(
-                IterationMetric.job_id == newest.c.job_id,
-                IterationMetric.iteration == newest.c.iteration,
-            ),
-        )
-    ):
+    for job_id, (sqr, var) in newest(
+        session, job_ids, columns, IterationMetric.grad_sqr.is_not(None)
+    ).items():
         try:
             noise[job_id] = GradParams.from_estimates(float(sqr or 0.0), float(var or 0.0))
         except ValueError:
             continue  # not finite: efficiency unknown, the batch stays
     return noise
+
+
+def _batches_now(session: Session, job_ids: list[int]) -> dict[int, int]:
+    """Each job's global batch at its newest reported iteration (one that reported none
+    is absent). Not the noise's row: a run reports noise only once it has estimated some,
+    and a rebatch must see the batch it made at once, or it would be asked again."""
+    latest = newest(session, job_ids, (IterationMetric.batch_size,))
+    return {job_id: batch for job_id, (batch,) in latest.items() if batch is not None}
 
 
 def _samples(

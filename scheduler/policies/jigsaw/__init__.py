@@ -181,7 +181,7 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
     # 3. Choose SPB configurations; 4. pack waiting jobs as guests.
     spb_choice.choose(layout, kept_guests, params)
     started += packing.pack(ordered, base, layout, usable, params, tail)
-    return _plan(snapshot, layout, started, moved)
+    return _plan(snapshot, layout, started, moved, params.rebatch_gain)
 
 
 def _usable(snapshot: ClusterSnapshot) -> dict[int, GPUView]:
@@ -194,9 +194,16 @@ def _usable(snapshot: ClusterSnapshot) -> dict[int, GPUView]:
     }
 
 
-def _plan(snapshot: ClusterSnapshot, layout: Layout, started: list[int], moved: list[int]) -> Plan:
+def _plan(
+    snapshot: ClusterSnapshot,
+    layout: Layout,
+    started: list[int],
+    moved: list[int],
+    rebatch_gain: float,
+) -> Plan:
     """The changes from what runs now to `layout`: a moved elastic job is resized, the
-    other moved jobs suspended and started again."""
+    other moved jobs suspended and started again; an adaptive job that stays changes its
+    batch where it is for `rebatch_gain` more goodput or more."""
     resize = resizing.resizes(layout, moved)
     resized = {change.job_id for change in resize}
     suspend = tuple(
@@ -220,4 +227,14 @@ def _plan(snapshot: ClusterSnapshot, layout: Layout, started: list[int], moved: 
         for job_id, job in layout.jobs.items()
         if job.holding and job_id not in moved and spb.as_json(layout.config[job_id]) != job.spb
     )
-    return Plan(start=start, suspend=suspend, reconfigure=reconfigure, resize=resize)
+    reconfigured = {change.job_id for change in reconfigure}
+    staying = [
+        job_id
+        for job_id, job in layout.jobs.items()
+        if job.holding
+        and job_id not in moved
+        and job_id not in reconfigured
+        and set(layout.gpus[job_id]) == set(job.allocated_gpu_ids)
+    ]
+    rebatch = resizing.rebatches(layout, staying, rebatch_gain)
+    return Plan(start=start, suspend=suspend, reconfigure=reconfigure, resize=resize + rebatch)

@@ -136,6 +136,13 @@ class JigsawParams(BaseModel):
         description="Once no job has been submitted for this long, the jobs that would "
         "set the makespan are paced (inf: never).",
     )
+    rebatch_gain: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="A running adaptive job changes its global batch where it runs (at "
+        "its next boundary, in place) once the batch with the most goodput there makes "
+        "this much more than its own (0.1: 10%); 0: only when it is resized.",
+    )
     configs: tuple[SPBConfig, ...] = Field(
         default=CONFIGS, min_length=1, description="The SPB configurations JigSaw chooses from."
     )

@@ -2,7 +2,8 @@
 elastic (the live cluster checkpoints it at its boundary and restarts it on the new
 gang), else by suspending it and starting it again (the simulator's trace jobs, whose
 sizes come from their profiles, and a guest moving to GPUs of its own); what the move
-costs; and the batch an adaptive job runs at where it is placed."""
+costs; the batch an adaptive job runs at where it is placed, and when a running one
+changes it where it is (a rebatch)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,20 @@ def resizes(layout: Layout, moved: list[int]) -> tuple[Resize, ...]:
         if layout.jobs[job_id].sizes
         and len(layout.gpus[job_id]) != len(layout.jobs[job_id].allocated_gpu_ids)
     )
+
+
+def rebatches(layout: Layout, staying: list[int], least_gain: float) -> tuple[Resize, ...]:
+    """A `Resize` to the GPUs it holds, at the batch with the most goodput there, for
+    each adaptive job of `staying` whose goodput that batch raises by `least_gain` or
+    more over its own: the live cluster changes it at the job's next boundary in place
+    (no restart). Where goodput is flat in the batch (a job near convergence: its
+    gradient barely measurable), the noise of the estimate would move it back and
+    forth for nothing. A job whose gain is not known (the simulator's, whose batch
+    follows its model at no cost) stays as it is."""
+    found = []
+    for job_id in staying:
+        job = layout.jobs[job_id]
+        best = batch(layout, job_id)
+        if best and job.model is not None and job.model.batch_gain >= least_gain > 0:
+            found.append(Resize(job_id, job.allocated_gpu_ids, best))
+    return tuple(found)
