@@ -86,9 +86,9 @@ class Dispatcher(Protocol):
     def shrink(self, launch: Launch) -> bool:
         """Shrink the running job in place at its next boundary to `launch` (fewer of its
         GPUs on its one node, its rank 0's kept, or all of them at another global batch;
-        the attempt it runs): a SHRUNK report
-        follows once the ranks that leave are gone. False when it cannot be asked so (the
-        caller resizes the job by a restart); an agent that cannot do it suspends it."""
+        the attempt it runs): a SHRUNK report follows once the ranks that leave are gone.
+        False when it cannot be asked so (the caller resizes the job by a restart); an
+        agent that cannot do it suspends it."""
         ...
 
     def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:
