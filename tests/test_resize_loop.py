@@ -41,9 +41,7 @@ def factory(engine: Engine) -> sessionmaker[Session]:
     return session_factory(engine)
 
 
-def _elastic_job(
-    factory: sessionmaker[Session], workers: int = 2, **fields: dict[str, Any]
-) -> int:
+def _elastic_job(factory: sessionmaker[Session], workers: int = 2, **fields: dict[str, Any]) -> int:
     spec = JobSpec.model_validate(
         {
             "name": "e",
