@@ -5,8 +5,8 @@ arrives, in place (its rank 0 trains on in the same process from the boundary's
 checkpoint, rank 1 exits and frees its GPU for the newcomer), and grows back once the
 second job is done, checkpointing and restarting on the new gang; each resize is stored
 as a `resized` event with its mechanism and measured cost, the job resumes at the very
-boundary it checkpointed at, and both jobs succeed. Under JigSaw an adaptive job's
-batch changes where it runs, in place, as its measured goodput says.
+boundary it checkpointed at, and both jobs succeed. Under JigSaw with `rebatch_gain`
+set, an adaptive job's batch changes where it runs, in place, as its goodput says.
 """
 
 from __future__ import annotations
@@ -77,10 +77,15 @@ def test_jigsaw_changes_an_adaptive_jobs_batch_in_place_as_its_goodput_says(
     tmp_path: Path,
 ) -> None:
     """On two workers a larger batch spends less of each sample on synchronisation: once
-    the job's measured noise says the best batch makes 10% more goodput, JigSaw asks the
-    change, and the agent applies it at a boundary in the same processes (a `resized`
-    event from 2 to 2 workers, in place); the job reports the new batch and succeeds."""
-    settings = {"JIGSAW_SCHEDULER_POLICY": "jigsaw", "JIGSAW_SCHEDULER_LEASE_ITERATIONS": "20"}
+    the job's measured noise says the best batch makes 10% more goodput (`rebatch_gain`),
+    JigSaw asks the change, and the agent applies it at a boundary in the same processes
+    (a `resized` event from 2 to 2 workers, in place); the job reports the new batch and
+    succeeds."""
+    settings = {
+        "JIGSAW_SCHEDULER_POLICY": "jigsaw",
+        "JIGSAW_SCHEDULER_LEASE_ITERATIONS": "20",
+        "JIGSAW_SCHEDULER_JIGSAW_REBATCH_GAIN": "0.1",
+    }
     with cluster(tmp_path, **settings) as c:
         c.start_agent("agent-a", gpus=2)
         c.wait_nodes(alive=1)
