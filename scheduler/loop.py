@@ -696,8 +696,9 @@ class SchedulerService:
     # -- resizes (scheduler/resize.py) ------------------------------------------------
 
     def _ask_resizes(self, resizes: Iterable[Resize], now: datetime) -> None:
-        """Ask each running elastic job to shrink in place at its next boundary where it
-        can (`scheduler.resize.in_place`), else to checkpoint there for a restart."""
+        """Ask each running job resized to shrink (or, an adaptive one, to change its
+        batch) in place at its next boundary where it can (`scheduler.resize.in_place`),
+        else to checkpoint there for a restart."""
         for resize in resizes:
             # One at a time: the next once the last one's new gang has reported (its
             # cost measured), so that a rebatch is not asked again before the job

@@ -11,11 +11,14 @@ set, an adaptive job's batch changes where it runs, in place, as its goodput say
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import cluster, ended
+from api.client import JigsawClient
+from tests.cluster import Cluster, cluster, ended
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -30,36 +33,41 @@ ELASTIC = {
 FIXED = {"name": "fixed", "workload": "digits-mlp", "max_iterations": 150}
 
 
-def test_an_elastic_job_shrinks_for_a_newcomer_and_grows_back(tmp_path: Path) -> None:
-    settings = {
-        "JIGSAW_SCHEDULER_POLICY": "fifo-elastic",
-        "JIGSAW_SCHEDULER_LEASE_ITERATIONS": "20",
-    }
-    with cluster(tmp_path, **settings) as c:
+@contextmanager
+def _one_node(home: Path, policy: str, **env: str) -> Iterator[tuple[Cluster, JigsawClient]]:
+    """`jigsaw up` under `policy` (leases of 20 iterations) with one agent of 2 GPUs."""
+    with cluster(
+        home, JIGSAW_SCHEDULER_POLICY=policy, JIGSAW_SCHEDULER_LEASE_ITERATIONS="20", **env
+    ) as c:
         c.start_agent("agent-a", gpus=2)
         c.wait_nodes(alive=1)
         with c.client() as client:
-            elastic = client.submit(ELASTIC)["id"]
-            c.wait_job(elastic, lambda j: j["iterations_done"] >= 30, "past iteration 30")
-            fixed = client.submit(FIXED)["id"]
-            assert c.wait_job(fixed, ended, "ended")["state"] == "SUCCEEDED"
-            assert c.wait_job(elastic, ended, "ended")["state"] == "SUCCEEDED"
+            yield c, client
 
-            events = client.events(elastic)["items"]
-            resized = [e["data"] for e in events if e["kind"] == "resized"]
-            assert [(r["from_workers"], r["to_workers"], r["mechanism"]) for r in resized][:2] == [
-                (2, 1, "in-place"),
-                (1, 2, "checkpoint-restart"),
-            ]
-            assert all(r["seconds"] > 0 for r in resized)
-            # Each new gang resumed at the boundary the old one checkpointed at.
-            lines = [line["message"] for line in client.logs(elastic, limit=1000)["items"]]
-            for r in resized:
-                assert any(
-                    f"resumed from the checkpoint at iteration {r['iteration']}" in line
-                    for line in lines
-                ), (r, lines)
-            assert client.get_job(elastic)["iterations_done"] == 4000
+
+def test_an_elastic_job_shrinks_for_a_newcomer_and_grows_back(tmp_path: Path) -> None:
+    with _one_node(tmp_path, "fifo-elastic") as (c, client):
+        elastic = client.submit(ELASTIC)["id"]
+        c.wait_job(elastic, lambda j: j["iterations_done"] >= 30, "past iteration 30")
+        fixed = client.submit(FIXED)["id"]
+        assert c.wait_job(fixed, ended, "ended")["state"] == "SUCCEEDED"
+        assert c.wait_job(elastic, ended, "ended")["state"] == "SUCCEEDED"
+
+        events = client.events(elastic)["items"]
+        resized = [e["data"] for e in events if e["kind"] == "resized"]
+        assert [(r["from_workers"], r["to_workers"], r["mechanism"]) for r in resized][:2] == [
+            (2, 1, "in-place"),
+            (1, 2, "checkpoint-restart"),
+        ]
+        assert all(r["seconds"] > 0 for r in resized)
+        # Each new gang resumed at the boundary the old one checkpointed at.
+        lines = [line["message"] for line in client.logs(elastic, limit=1000)["items"]]
+        for r in resized:
+            assert any(
+                f"resumed from the checkpoint at iteration {r['iteration']}" in line
+                for line in lines
+            ), (r, lines)
+        assert client.get_job(elastic)["iterations_done"] == 4000
 
 
 ADAPTIVE = {
@@ -81,29 +89,19 @@ def test_jigsaw_changes_an_adaptive_jobs_batch_in_place_as_its_goodput_says(
     JigSaw asks the change, and the agent applies it at a boundary in the same processes
     (a `resized` event from 2 to 2 workers, in place); the job reports the new batch and
     succeeds."""
-    settings = {
-        "JIGSAW_SCHEDULER_POLICY": "jigsaw",
-        "JIGSAW_SCHEDULER_LEASE_ITERATIONS": "20",
-        "JIGSAW_SCHEDULER_JIGSAW_REBATCH_GAIN": "0.1",
-    }
-    with cluster(tmp_path, **settings) as c:
-        c.start_agent("agent-a", gpus=2)
-        c.wait_nodes(alive=1)
-        with c.client() as client:
-            job = client.submit(ADAPTIVE)["id"]
-            assert c.wait_job(job, ended, "ended")["state"] == "SUCCEEDED"
-            events = client.events(job)["items"]
-            rebatched = [e["data"] for e in events if e["kind"] == "resized"]
-            assert rebatched, [e["kind"] for e in events]
-            for data in rebatched:
-                assert (data["from_workers"], data["to_workers"]) == (2, 2)
-                assert data["mechanism"] == "in-place" and 64 <= data["global_batch"] <= 512
-            first = rebatched[0]
-            assert first["global_batch"] > 64  # goodput grows with the batch at first
-            # The reports right after its boundary run at its batch, on both workers.
-            points = client.metrics(job, points=3000)["points"]
-            after = [
-                p for p in points if first["iteration"] < p["iteration"] <= first["iteration"] + 5
-            ]
-            assert {(p["batch_size"], p["workers"]) for p in after} == {(first["global_batch"], 2)}
-            assert client.get_job(job)["iterations_done"] == 3000
+    with _one_node(tmp_path, "jigsaw", JIGSAW_SCHEDULER_JIGSAW_REBATCH_GAIN="0.1") as (c, client):
+        job = client.submit(ADAPTIVE)["id"]
+        assert c.wait_job(job, ended, "ended")["state"] == "SUCCEEDED"
+        events = client.events(job)["items"]
+        rebatched = [e["data"] for e in events if e["kind"] == "resized"]
+        assert rebatched, [e["kind"] for e in events]
+        for data in rebatched:
+            assert (data["from_workers"], data["to_workers"]) == (2, 2)
+            assert data["mechanism"] == "in-place" and 64 <= data["global_batch"] <= 512
+        first = rebatched[0]
+        assert first["global_batch"] > 64  # goodput grows with the batch at first
+        # The reports right after its boundary run at its batch, on both workers.
+        points = client.metrics(job, points=3000)["points"]
+        after = [p for p in points if first["iteration"] < p["iteration"] <= first["iteration"] + 5]
+        assert {(p["batch_size"], p["workers"]) for p in after} == {(first["global_batch"], 2)}
+        assert client.get_job(job)["iterations_done"] == 3000
