@@ -54,9 +54,10 @@ LEASE_ITERATIONS = 20
 # "idle": small jobs (an MLP, small batches) and larger ones (convolutions, larger
 # batches); on CUDA the synthetic ResNet and transformer besides, at batches that leave a
 # large GPU mostly idle alone (the mix of jobs that each leave it half idle).
-# "saturating": ResNet-18 at batches meant to keep the device busy alone (on an H100,
-# 79% at batch 1024 in bf16 by ../shared/measurements/h100; larger ones not measured),
-# where a pair runs no faster than one after the other.
+# "saturating": ResNet-18 at the largest batches its synthetic data holds, to keep the
+# device as busy alone as a built-in can (79% of an H100 at batch 1024 in bf16 by
+# ../shared/measurements/h100; 53-65% of an H200 at 1024-2048 in the runtime's fp32,
+# docs/results/packing-gpu.md), where a pair gains little and slows each host a lot.
 MIXES: dict[Mix, dict[Device, list[tuple[str, int]]]] = {
     "idle": {
         "cpu": [
