@@ -8,6 +8,7 @@ be reached, 2 bad input (usage, an unreadable or invalid job spec).
 """
 
 import json
+import math
 import os
 import re
 import signal
@@ -183,12 +184,14 @@ def _reason(job: dict[str, Any]) -> str:
 
 
 def _progress(job: dict[str, Any]) -> str:
+    """What `max_iterations` counts done, and the iterations where they differ (an
+    adaptive batch's steps count AdaScale's gain)."""
     done = job.get("iterations_done", 0)
+    progress = math.floor(job.get("progress", done))
     spec = job.get("spec") or {}
     total = spec.get("max_iterations") if isinstance(spec, dict) else None
-    if total:
-        return f"{done:,}/{total:,} ({100 * done / total:.0f}%)"
-    return f"{done:,}"
+    text = f"{progress:,}/{total:,} ({100 * progress / total:.0f}%)" if total else f"{progress:,}"
+    return text if progress == done else f"{text} in {done:,} iterations"
 
 
 _SPARK_POINTS = 40  # buckets of iterations in `jigsaw job`'s loss sparkline

@@ -13,6 +13,7 @@ skips that second pass).
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import signal
 import subprocess
@@ -291,7 +292,8 @@ def _progress_table(jobs: list[dict[str, Any]], state_style: Callable[[str], str
         table.add_column(column, no_wrap=column == "NAME")
     for job in jobs:
         spec = job.get("spec") or {}
-        done, total = job.get("iterations_done", 0), spec.get("max_iterations") or 0
+        done = math.floor(job.get("progress", job.get("iterations_done", 0)))
+        total = spec.get("max_iterations") or 0
         state = state_style(str(job.get("state")))
         if job.get("state") == "FAILED":
             state += "\n" + escape(str(job.get("message") or "")[-200:])

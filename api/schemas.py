@@ -86,6 +86,10 @@ class JobOut(BaseModel):
     attempts: int
     failures: int = Field(description="Crashes of its training processes so far.")
     iterations_done: int
+    progress: float = Field(
+        description="What `max_iterations` counts done: `iterations_done`, or with an "
+        "adaptive batch the steps of the base batch they are worth (AdaScale's gain a step)."
+    )
     metrics: dict[str, float] = Field(description="Its last evaluation, e.g. accuracy.")
     spec: dict[str, Any]
     created_at: datetime
@@ -112,6 +116,7 @@ class JobOut(BaseModel):
             attempts=job.attempts,
             failures=job.failures,
             iterations_done=job.iterations_done,
+            progress=job.progress,
             metrics=job.metrics or {},
             spec=job.spec,
             created_at=job.created_at,
@@ -204,6 +209,11 @@ class MetricPoint(BaseModel):
         default=None,
         description="Learning rate the optimizer stepped with (an adaptive job's scaled "
         "by AdaScale's gain).",
+    )
+    progress: float | None = Field(
+        default=None,
+        description="What `max_iterations` counts done after the iteration: the iteration, "
+        "or an adaptive job's steps of its base batch (AdaScale's gain a step).",
     )
 
 

@@ -53,7 +53,7 @@ RNG state, fenced by attempt), the ranks on the GPUs kept destroy the process gr
 form the smaller one on a new rendezvous in the same processes (renumbered, on the same
 GPU) and resume from that checkpoint; the others exit, and their GPUs are free once they
 have. An adaptive job's new global batch on the GPUs it holds (a rebatch: JigSaw asks
-it once the best batch there makes `rebatch_gain`, e.g. 10%, more goodput than its own) is in
+it once the best batch there makes `rebatch_gain`, 10%, more goodput than its own) is in
 place the same way, nobody leaving (`tests/test_elastic_cluster.py`; by hand, digits-mlp
 on two workers went from 64 to 192 and then 512, in 0.3 s and 1.0 s, its step per sample
 from 0.080 to 0.034 and 0.023 ms). Every other resize (a growth, a move, a gang over

@@ -245,7 +245,11 @@ class JobSpec(StrictModel):
         default=1, description="Number of GPUs (data-parallel workers)."
     )
     max_iterations: int | None = Field(
-        default=None, ge=1, le=10**12, description="Stop after this many iterations."
+        default=None,
+        ge=1,
+        le=10**12,
+        description="Stop after this many iterations; with `batch.adaptive`, steps of the "
+        "base batch (`batch.global`): a step at a larger batch counts as AdaScale's gain.",
     )
     target_metric: TargetMetric | None = Field(
         default=None, description="Stop when an evaluation reaches this metric value."

@@ -213,6 +213,10 @@ class Job(Base):
     # The last evaluation rank 0 reported, e.g. {"accuracy": 0.97, "loss": 0.1}.
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
     iterations_done: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Steps of its base batch that its iterations are worth, as its newest record said:
+    # what `max_iterations` counts (an adaptive batch's step counts AdaScale's gain; for
+    # any other job it is `iterations_done`).
+    progress: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
@@ -286,6 +290,9 @@ class IterationMetric(Base):
     # The job's worker count during the iteration (NULL: not reported): an elastic job's
     # step time by size, which its throughput model is fitted to.
     workers: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Steps of the base batch done after the iteration (`Job.progress`); NULL: not
+    # reported (an older runtime), the iteration itself.
+    progress: Mapped[float | None] = mapped_column(Float, default=None)
 
 
 class JobLog(Base):

@@ -380,7 +380,10 @@ def test_an_invalid_record_is_dropped_and_the_stream_goes_on(endpoint: Endpoint)
     try:
         _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
         assert endpoint.dispatcher.launch(launch(endpoint, job_id))
+        backwards, unknown = record(4), record(5)
+        backwards.progress, unknown.progress = -1.0, float("nan")
         bad = [record(1, step=float("nan")), record(2, step=-1.0), pb.IterationRecord()]
+        bad += [backwards, unknown]
         for records in (bad, [record(3)]):
             stream.send(
                 pb.AgentMessage(

@@ -147,10 +147,16 @@ def test_job_shows_its_latest_metrics_and_a_loss_sparkline(server: Server, tmp_p
                     for i in range(1, 41)
                 ),
             )
-            session.execute(update(Job).where(Job.id == job_id).values(metrics={"accuracy": 0.93}))
+            # As an adaptive batch's would be: 30 steps worth 40 of its base batch.
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id)
+                .values(metrics={"accuracy": 0.93}, iterations_done=30, progress=40.6)
+            )
     finally:
         engine.dispose()
     shown = cli(server.home, "job", str(job_id)).stdout
+    assert "40/40 (100%) in 30 iterations" in shown
     assert "evaluation" in shown and "accuracy 0.93" in shown
     assert "iteration 40, loss 0.05, step 0.250 s" in shown
     assert "workers 2, batch 1,024, lr 0.0125" in " ".join(shown.split())  # it may wrap

@@ -143,6 +143,8 @@ def test_every_page_loads_and_follows_a_training_job(server: Server, browser: ob
     expect(page.locator("[data-chart=workers] path")).to_have_count(1)
     expect(page.locator("[data-chart=batch] path")).to_have_count(1)
     expect(page.locator("#leases")).to_contain_text("SPB off")
+    # A fixed batch's progress is its iterations (an adaptive one's says both).
+    expect(page.locator("#progress")).to_have_text(re.compile(r"^\d+ / 1000000 iterations$"))
     expect(page.locator("#events")).to_contain_text("SCHEDULED → RUNNING")
     expect(page.locator("#logs")).not_to_be_empty()
     shoot("job")

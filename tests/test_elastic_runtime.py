@@ -128,13 +128,23 @@ def test_a_fixed_batch_keeps_its_learning_rate_and_reports_its_noise(
     records = straight[1]
     assert [r.iteration for r in records] == list(range(1, ITERATIONS + 1))
     assert all(r.learning_rate == 0.05 and r.batch_size == 64 for r in records)
+    assert [r.progress for r in records] == [float(r.iteration) for r in records]
     # Two workers, one micro-batch each: two gradients a step, enough to measure.
     assert all(r.grad_sqr is not None and r.grad_var is not None for r in records)
     assert any(r.grad_var for r in records)
 
 
+def _assert_counts_adascale_gains(records: list[IterationRecord], since: float = 0.0) -> None:
+    """Each step's progress is its AdaScale gain (its rate over the base rate, 0.05)."""
+    done = [since] + [r.progress for r in records]
+    for before, record in zip(done, records, strict=False):
+        assert record.progress == pytest.approx(before + record.learning_rate / 0.05, rel=1e-9)
+
+
 def test_an_adaptive_batch_scales_the_learning_rate_by_adascale(tmp_path: Path) -> None:
-    """Base batch 32 at lr 0.05; the scheduler asked for 128 on 2 workers (2 x 32 x 2)."""
+    """Base batch 32 at lr 0.05; the scheduler asked for 128 on 2 workers (2 x 32 x 2).
+    Each step counts its AdaScale gain (more than 1) towards `max_iterations`, so the
+    job ends in fewer steps, every rank at the same one."""
     fields = {
         **_FIELDS,
         "hyperparameters": {"batch_size": 128, "learning_rate": 0.05, "optimizer": "sgd"},
@@ -142,10 +152,14 @@ def test_an_adaptive_batch_scales_the_learning_rate_by_adascale(tmp_path: Path) 
     }
     controllers = run_gang(worker_configs(2, checkpoint_dir=tmp_path, **fields))
     records = controllers[0].records
-    assert [r.iteration for r in records] == list(range(1, ITERATIONS + 1))
+    steps = len(records)
+    assert [r.iteration for r in records] == list(range(1, steps + 1))
+    _assert_counts_adascale_gains(records)
+    assert records[-2].progress < ITERATIONS <= records[-1].progress and steps < ITERATIONS
+    assert _state(tmp_path)["progress"] == records[-1].progress
     assert all(r.batch_size == 128 for r in records)
     measured = [r for r in records if r.grad_sqr is not None]
-    assert len(measured) == ITERATIONS  # 4 micro-batches a step: measured from the first
+    assert len(measured) == steps  # 4 micro-batches a step: measured from the first
     for record in measured:
         assert record.grad_var is not None and record.grad_var >= 0 and record.grad_sqr >= 0
         grad = GradParams(record.grad_sqr, record.grad_var)
@@ -169,23 +183,27 @@ def test_an_adaptive_batch_on_one_worker_runs_two_micro_batches_and_measures_its
         "base_batch": 16,
     }
     first = run_gang(worker_configs(1, checkpoint_dir=tmp_path, **fields))[0].records
-    assert [r.iteration for r in first] == list(range(1, ITERATIONS + 1))
+    steps = len(first)
+    assert [r.iteration for r in first] == list(range(1, steps + 1))
     for record in first:
         assert record.grad_sqr is not None and record.grad_var is not None
         grad = GradParams(record.grad_sqr, record.grad_var)
         assert record.learning_rate == pytest.approx(adascale_lr(0.05, 16, 32, grad), rel=1e-9)
     assert first[-1].learning_rate > 0.05
-    saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)["schedule"]["noise"]
-    assert saved[2] == pytest.approx(1 - 0.99**ITERATIONS)  # the averages' weight so far
+    saved = _state(tmp_path)
+    assert saved["schedule"]["noise"][2] == pytest.approx(1 - 0.99**steps)  # weight so far
+    assert saved["progress"] == first[-1].progress >= ITERATIONS
     fields["hyperparameters"] = {**fields["hyperparameters"], "batch_size": 64}
-    fields["max_iterations"] = ITERATIONS + 1
+    # One more step: its gain is at least 1.
+    fields["max_iterations"] = math.floor(first[-1].progress) + 1
     [resumed] = run_gang(worker_configs(1, checkpoint_dir=tmp_path, **fields))[0].records
-    assert (resumed.iteration, resumed.batch_size) == (ITERATIONS + 1, 64)
+    assert (resumed.iteration, resumed.batch_size) == (steps + 1, 64)
     assert resumed.grad_sqr is not None and resumed.grad_var is not None
     grad = GradParams(resumed.grad_sqr, resumed.grad_var)
     assert resumed.learning_rate == pytest.approx(adascale_lr(0.05, 16, 64, grad), rel=1e-9)
-    saved = torch.load(tmp_path / CHECKPOINT_FILE, weights_only=True)["schedule"]["noise"]
-    assert saved[2] == pytest.approx(1 - 0.99 ** (ITERATIONS + 1))  # went on, not anew
+    _assert_counts_adascale_gains([resumed], since=first[-1].progress)
+    saved = _state(tmp_path)
+    assert saved["schedule"]["noise"][2] == pytest.approx(1 - 0.99 ** (steps + 1))  # went on
 
 
 def test_the_noise_estimator_recovers_a_known_mean_and_variance() -> None:

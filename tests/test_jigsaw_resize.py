@@ -86,11 +86,10 @@ def test_a_running_adaptive_job_changes_its_batch_where_it_is_for_enough_goodput
         )
 
     cluster = nodes(1, 2, held={100: 1, 101: 1})
-    ten_percent = JigsawParams(rebatch_gain=0.1)
     for gain, rebatched in ((0.5, True), (0.1, True), (0.09, False), (0.0, False)):
         stays = running(1, adaptive(gain), (100, 101), elastic=False)
-        plan = jigsaw.schedule(snap(cluster, stays), ten_percent)
+        plan = jigsaw.schedule(snap(cluster, stays))
         wanted = (Resize(1, (100, 101), 256),) if rebatched else ()
         assert (plan.resize, plan.start, plan.suspend) == (wanted, (), ()), gain
     stays = running(1, adaptive(0.5), (100, 101), elastic=False)
-    assert jigsaw.schedule(snap(cluster, stays)).resize == ()  # off by default
+    assert jigsaw.schedule(snap(cluster, stays), JigsawParams(rebatch_gain=0.0)).resize == ()

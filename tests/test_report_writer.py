@@ -139,6 +139,30 @@ def test_replayed_rows_are_kept_once_and_do_not_move_progress(
         assert count == 5
 
 
+def test_a_jobs_progress_moves_with_its_newest_iteration_and_never_back(
+    factory: sessionmaker[Session], writer: ReportWriter
+) -> None:
+    """An adaptive job's records carry its progress in base-batch steps; an older
+    runtime's carry none (its progress is the iteration); a job resumed from an older
+    checkpoint re-reports lower iterations, which move neither."""
+    adaptive, older = _job(factory), _job(factory)
+    writer.metrics(adaptive, [_row(1, progress=1.5), _row(2, progress=3.25)])
+    writer.metrics(older, [_row(1), _row(2), _row(3)])
+    assert writer.flush()
+    writer.metrics(adaptive, [_row(1, progress=1.5)])  # resumed at an older checkpoint
+    assert writer.flush()
+    with factory() as session:
+        jobs = {job_id: session.get_one(Job, job_id) for job_id in (adaptive, older)}
+        assert (jobs[adaptive].iterations_done, jobs[adaptive].progress) == (2, 3.25)
+        assert (jobs[older].iterations_done, jobs[older].progress) == (3, 3.0)
+        stored = session.scalars(
+            select(IterationMetric.progress)
+            .where(IterationMetric.job_id == adaptive)
+            .order_by(IterationMetric.id)
+        )
+        assert list(stored) == [1.5, 3.25, 1.5]
+
+
 def test_rows_are_stamped_when_they_came_not_when_their_batch_is_written(
     factory: sessionmaker[Session], writer: ReportWriter
 ) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from jigsaw.jobspec import BatchPolicy, ElasticRange, Hyperparameters
 from scheduler.db import session_factory, transaction
 from scheduler.models.resizes import IN_PLACE, RESTART, record_resized
-from scheduler.orm import GPU, Allocation
+from scheduler.orm import GPU, Allocation, Job
 from tests.test_scheduler_loop import T0, add_nodes
 from tests.test_snapshot_models import add_job, counted, report, snapshot
 
@@ -114,6 +114,22 @@ def test_an_adaptive_job_runs_each_size_at_the_batch_its_noise_allows(
     assert model.batch_at(4, 1) > 64  # much noise: a larger batch is as efficient
     # Not running: no gain of changing its batch where it is.
     assert model.batch_gain == 0.0
+
+
+def test_an_adaptive_job_has_done_the_base_batch_steps_its_runtime_counted(
+    factory: sessionmaker[Session],
+) -> None:
+    """What its `max_iterations` counts: the steps of its base batch its larger steps were
+    worth (`Job.progress`), not its optimizer steps; a fixed batch's are its iterations."""
+    add_nodes(factory, {"a": 2})
+    adaptive = elastic_job(factory, batch=BatchPolicy(adaptive=True, min=32, max=1024))
+    fixed = elastic_job(factory)
+    for job_id in (adaptive, fixed):
+        ran(factory, job_id, range(0, 40), workers=2, step=1.0)
+    with transaction(factory) as session:
+        session.get_one(Job, adaptive).progress = 130.7
+    done = {job.id: job.iterations_done for job in snapshot(factory).jobs}
+    assert done == {adaptive: 130, fixed: 40}
 
 
 def test_a_running_adaptive_job_knows_the_gain_of_the_best_batch_over_its_own(

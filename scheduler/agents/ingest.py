@@ -323,22 +323,32 @@ def _unstored(
 
 
 def _advance(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Move each job's progress to its highest reported iteration, never backwards (a job
-    resumed from an older checkpoint re-reports iterations)."""
-    progress: dict[int, int] = {}
+    """Move each job to its highest reported iteration and that iteration's progress,
+    never backwards (a job resumed from an older checkpoint re-reports iterations)."""
+    newest: dict[int, dict[str, Any]] = {}
     for row in rows:
-        progress[row["job_id"]] = max(progress.get(row["job_id"], 0), row["iteration"])
-    if progress:
+        if row["iteration"] > newest.get(row["job_id"], {"iteration": 0})["iteration"]:
+            newest[row["job_id"]] = row
+    if newest:
         # On the Core table: an executemany UPDATE with its own WHERE (not by primary key).
+        # Both SET clauses read the row as it was, so progress moves with the iteration.
         jobs = table_of(Job)
+        ahead = jobs.c.iterations_done < bindparam("done")
         session.execute(
             update(jobs)
             .where(jobs.c.id == bindparam("job"))
             .values(
-                iterations_done=case(
-                    (jobs.c.iterations_done < bindparam("done"), bindparam("done")),
-                    else_=jobs.c.iterations_done,
-                )
+                iterations_done=case((ahead, bindparam("done")), else_=jobs.c.iterations_done),
+                progress=case((ahead, bindparam("progress")), else_=jobs.c.progress),
             ),
-            [{"job": job_id, "done": done} for job_id, done in progress.items()],
+            [
+                {"job": job_id, "done": row["iteration"], "progress": _progress(row)}
+                for job_id, row in newest.items()
+            ],
         )
+
+
+def _progress(row: dict[str, Any]) -> float:
+    """A record's progress; an older runtime's record says none: its iteration."""
+    progress = row.get("progress")
+    return float(row["iteration"]) if progress is None else float(progress)

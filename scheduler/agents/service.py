@@ -123,11 +123,13 @@ def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
             getattr(record, name) if record.HasField(name) else None
             for name in ("grad_sqr", "grad_var")
         ]
+        progress = record.progress if record.HasField("progress") else None
         if (
             record.iteration < 1
             or not all(math.isfinite(v) and v >= 0 for v in values)
             or (depth is not None and not 0 < depth <= 1)
             or any(v is not None and not (math.isfinite(v) and v >= 0) for v in noise)
+            or (progress is not None and not (math.isfinite(progress) and progress >= 0))
             or record.batch_size < 0
             or record.workers < 0
         ):
@@ -153,6 +155,7 @@ def metric_rows(records: Any) -> tuple[list[dict[str, Any]], int]:
                 "grad_var": noise[1],
                 "co_runners": max(record.co_runners, 0),
                 "workers": record.workers or None,  # 0: a runtime that does not say
+                "progress": progress,
             }
         )
     return rows, len(records) - len(rows)

@@ -14,9 +14,9 @@ adapts its batch runs, on each size, at the batch with the most goodput given it
 gradient noise (`GoodputModel.best_batch`); its table is then in seconds per step of its
 base batch's statistical progress, as the simulator's adaptive jobs are
 (`scheduler.sim.adaptive`), and the batch chosen for each size is kept beside it. Its
-length is still its spec's `max_iterations` (steps at whatever batch it runs), so its
-time to go reads short when it runs above its base batch: sizes and batches are ranked
-by goodput, remaining times are approximate.
+length, its spec's `max_iterations`, counts the same steps (the runtime counts a step at
+a larger batch as AdaScale's gain, and reports the sum as the job's progress), so its
+time to go is the table's time per step times the steps left.
 """
 
 from __future__ import annotations

@@ -64,6 +64,8 @@ class JobView:
     workers: int
     created_at: datetime
     allocated_gpu_ids: tuple[int, ...] = ()  # ordered by rank
+    # What its `max_iterations` counts done: iterations, or for an adaptive batch steps
+    # of its base batch (a step at a larger batch counts AdaScale's gain).
     iterations_done: int = 0
     # The SPB configuration of its current hold (`{}`: off, or holding no GPUs).
     spb: dict[str, Any] = field(default_factory=dict)

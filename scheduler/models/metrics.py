@@ -22,6 +22,7 @@ SERIES_FIELDS = (
     "workers",
     "batch_size",
     "learning_rate",
+    "progress",
 )
 
 
@@ -50,6 +51,7 @@ ROW_COLUMNS = (
     "grad_var",
     "co_runners",
     "workers",
+    "progress",
 )
 # What a row that leaves a column out gets (the rest default to NULL).
 _DEFAULTS = {"compute_seconds": 0.0, "comm_seconds": 0.0, "samples_per_second": 0.0}

@@ -136,7 +136,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             workers=job.workers,
             created_at=job.created_at,
             allocated_gpu_ids=tuple(held_by_job.get(job.id, ())),
-            iterations_done=job.iterations_done,
+            iterations_done=_done(job),
             spb=dict(spb_of_job.get(job.id) or {}),
             attained_gpu_seconds=attained.get(job.id, 0.0),
             held_since=held_since.get(job.id),
@@ -156,6 +156,15 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
     # Ids grow with submission: the newest job is the highest id (its primary key).
     newest = session.scalar(select(Job.created_at).order_by(Job.id.desc()).limit(1))
     return ClusterSnapshot(nodes=nodes, jobs=jobs, now=now, last_submitted_at=newest)
+
+
+def _done(job: Job) -> int:
+    """What the job's `max_iterations` counts done: its iterations, or an adaptive
+    batch's steps of its base batch (the runtime counts AdaScale's gain a step)."""
+    batch = job.spec.get("batch")
+    if isinstance(batch, dict) and batch.get("adaptive"):
+        return int(job.progress)
+    return job.iterations_done
 
 
 def _sizes(spec: dict[str, Any]) -> tuple[int, ...]:

@@ -60,6 +60,7 @@ class Resumed:
     iteration: int
     position: DataPosition
     schedule: dict[str, Any] | None = None  # the backward schedule's own state
+    progress: float | None = None  # base-batch steps done (None: an older checkpoint)
 
 
 def save(
@@ -73,11 +74,13 @@ def save(
     attempt: int = 0,
     global_batch: int | None = None,
     schedule: dict[str, Any] | None = None,
+    progress: float | None = None,
 ) -> None:
     """Collective: every rank calls it; returns once the checkpoint is durable.
 
     `stages`: every rank's `model` and `optimizer` are its own (a pipeline stage's).
     `schedule`: rank 0's backward schedule's own state (the same on every rank).
+    `progress`: the base-batch steps the run's steps so far are worth (the loop's).
     Raises Fenced on every rank, having written nothing, when a newer attempt than
     `attempt` has claimed the directory.
     """
@@ -100,6 +103,8 @@ def save(
             state["global_batch"] = global_batch
         if schedule is not None:
             state["schedule"] = schedule
+        if progress is not None:
+            state["progress"] = progress
         if stages:
             state["stages"] = [stage for _, stage in gathered]
         else:
@@ -165,7 +170,7 @@ def load(
     written_batch = state.get("global_batch", global_batch)
     if global_batch is not None and written_batch != global_batch:
         position = DataPosition(position.epoch, -(-position.batch * written_batch // global_batch))
-    return Resumed(state["iteration"], position, state.get("schedule"))
+    return Resumed(state["iteration"], position, state.get("schedule"), state.get("progress"))
 
 
 def claim(directory: Path, attempt: int) -> None:

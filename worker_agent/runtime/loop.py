@@ -201,6 +201,11 @@ class _Training:
             else None
         )
         self.iteration = resumed.iteration if resumed is not None else 0
+        # Steps of the base batch the steps so far are worth: what `max_iterations`
+        # counts (an adaptive batch's step counts AdaScale's gain; any other step, 1).
+        self.progress = float(self.iteration)
+        if resumed is not None and resumed.progress is not None:
+            self.progress = resumed.progress
 
         self._net = model  # unwrapped and whole: what evaluation sees
         self._trained = trained  # what this rank trains and checkpoints
@@ -350,7 +355,7 @@ class _Training:
 
     def _outcome(self, agreed: Agreement) -> Outcome | None:
         limit = self._config.max_iterations
-        if agreed.target_reached or (limit is not None and self.iteration >= limit):
+        if agreed.target_reached or (limit is not None and self.progress >= limit):
             return Outcome.SUCCEEDED
         if agreed.decision.action is Action.STOP:
             return Outcome.STOPPED
@@ -387,6 +392,9 @@ class _Training:
             backward_end = self._clock.mark()
             self._schedule.step()
             end = self._clock.mark()
+        # Every rank measured the same noise, so all count the same progress and stop
+        # at `max_iterations` together without a collective.
+        self.progress += self._schedule.step_progress()
         if agreeing:
             agreed = self._sync.wait()
         if self._rank0:
@@ -422,6 +430,7 @@ class _Training:
             grad_sqr=noise.sqr if noise is not None else None,
             grad_var=noise.var if noise is not None else None,
             workers=self._config.world_size,
+            progress=self.progress,
         )
 
     def _evaluate(self) -> None:
@@ -481,6 +490,7 @@ class _Training:
                 attempt=self._config.attempt,
                 global_batch=self._global_batch,
                 schedule=self._schedule.state(),
+                progress=self.progress,
             )
 
     def _announce(self, message: str) -> None:

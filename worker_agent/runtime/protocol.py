@@ -135,6 +135,9 @@ class IterationRecord:
     co_runners: int = 0
     # The job's world size during the step (an elastic job's changes with each resize).
     workers: int = 0
+    # Steps of the base batch done after this one (`WorkerConfig.max_iterations` counts
+    # these): the iteration, unless the batch is adaptive (AdaScale's gain a step).
+    progress: float | None = None
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

@@ -111,7 +111,7 @@ export function jobView(jobId) {
           h("dt", {}, "Owner"), h("dd", {}, job.owner),
           h("dt", {}, "Workload"), h("dd", {}, h("code", {}, job.spec.workload)),
           h("dt", {}, "GPUs · priority"), h("dd", {}, `${job.workers} · ${job.priority}`),
-          h("dt", {}, "Progress"), h("dd", { id: "progress" }, total ? `${job.iterations_done} / ${total} iterations` : `${job.iterations_done} iterations`),
+          h("dt", {}, "Progress"), h("dd", { id: "progress" }, progressText(job, total)),
           h("dt", {}, "SPB requested"), h("dd", {}, typeof job.spec.spb === "string" ? `SPB ${job.spec.spb}` : spbText(job.spec.spb)),
           h("dt", {}, "Completion time"), h("dd", {}, `${duration(jct(job))}${TERMINAL.has(job.state) ? "" : " so far"}`),
           h("dt", {}, "Attempts · crashes"), h("dd", {}, `${job.attempts} · ${job.failures}`),
@@ -137,4 +137,12 @@ export function jobView(jobId) {
     },
   };
   return view;
+}
+
+// What max_iterations counts done; an adaptive batch's steps count AdaScale's gain, so
+// its iterations are said beside.
+function progressText(job, total) {
+  const done = Math.floor(job.progress);
+  const counted = total ? `${done} / ${total} iterations` : `${done} iterations`;
+  return done === job.iterations_done ? counted : `${counted} (base batch), ${job.iterations_done} steps`;
 }

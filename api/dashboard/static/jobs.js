@@ -6,7 +6,7 @@ const PAGE = 25;
 
 function progress(job) {
   const total = job.spec && job.spec.max_iterations;
-  const done = job.iterations_done;
+  const done = Math.floor(job.progress); // an adaptive batch's steps count AdaScale's gain
   if (!total) return h("span", {}, done.toLocaleString());
   return h("div", { class: "progress" }, bar(done / total), h("span", { class: "muted" }, `${done}/${total}`));
 }

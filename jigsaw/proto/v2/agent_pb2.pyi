@@ -185,7 +185,7 @@ class Heartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class IterationRecord(_message.Message):
-    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated", "spb_depth", "grad_sqr", "grad_var", "batch_size", "learning_rate", "co_runners", "workers")
+    __slots__ = ("iteration", "step_seconds", "compute_seconds", "comm_seconds", "samples_per_second", "loss", "utilization", "peak_memory_bytes", "bytes_communicated", "spb_depth", "grad_sqr", "grad_var", "batch_size", "learning_rate", "co_runners", "workers", "progress")
     ITERATION_FIELD_NUMBER: _ClassVar[int]
     STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +202,7 @@ class IterationRecord(_message.Message):
     LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
     CO_RUNNERS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
     iteration: int
     step_seconds: float
     compute_seconds: float
@@ -218,7 +219,8 @@ class IterationRecord(_message.Message):
     learning_rate: float
     co_runners: int
     workers: int
-    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., co_runners: _Optional[int] = ..., workers: _Optional[int] = ...) -> None: ...
+    progress: float
+    def __init__(self, iteration: _Optional[int] = ..., step_seconds: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., comm_seconds: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., loss: _Optional[float] = ..., utilization: _Optional[float] = ..., peak_memory_bytes: _Optional[int] = ..., bytes_communicated: _Optional[int] = ..., spb_depth: _Optional[float] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., batch_size: _Optional[int] = ..., learning_rate: _Optional[float] = ..., co_runners: _Optional[int] = ..., workers: _Optional[int] = ..., progress: _Optional[float] = ...) -> None: ...
 
 class JobIterations(_message.Message):
     __slots__ = ("job_id", "records", "replayed")

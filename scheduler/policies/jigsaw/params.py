@@ -137,13 +137,11 @@ class JigsawParams(BaseModel):
         "set the makespan are paced (inf: never).",
     )
     rebatch_gain: float = Field(
-        default=0.0,
+        default=0.1,
         ge=0.0,
         description="A running adaptive job changes its global batch where it runs (at "
         "its next boundary, in place) once the batch with the most goodput there makes "
-        "this much more than its own (0.1: 10%); 0 (the default): only when it is "
-        "resized. Off by default: the runtime counts `max_iterations` in optimizer steps, "
-        "not AdaScale's scale-invariant ones, so a larger batch lengthens such a job.",
+        "this much more than its own (0.1: 10%); 0: only when it is resized.",
     )
     configs: tuple[SPBConfig, ...] = Field(
         default=CONFIGS, min_length=1, description="The SPB configurations JigSaw chooses from."

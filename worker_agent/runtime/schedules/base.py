@@ -135,6 +135,11 @@ class Schedule(ABC):
         jobs' schedule measures it)."""
         return None
 
+    def step_progress(self) -> float:
+        """Steps of the job's base batch that the last step was worth: 1, except an
+        adaptive batch's (`ElasticDataParallel`)."""
+        return 1.0
+
     def state(self) -> dict[str, Any] | None:
         """What the schedule carries across a checkpoint besides the model and the
         optimizer (None: nothing), handed to `restore` when a run resumes from it."""

@@ -8,8 +8,10 @@ floating-point order). The noise (`jigsaw.gradnoise.NoiseEstimator`) needs every
 micro-batch's own gradient: those that accumulate locally are read as the change in
 the accumulated gradient, and the last one inside the comm hook, before its bucket is
 averaged (an adaptive batch on one worker always runs two or more: `jigsaw.elastic`).
-With adaptive batches the learning rate follows AdaScale's rule; the noise so far is
-checkpointed, so a run resumed at another batch (a resize, a rebatch) goes on from it.
+With adaptive batches the learning rate follows AdaScale's rule and each step counts as
+its gain in steps of the base batch (AdaScale's scale-invariant iterations: what the
+job's `max_iterations` counts); the noise so far is checkpointed, so a run resumed at
+another batch (a resize, a rebatch) goes on from it.
 """
 
 # No `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
@@ -23,7 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from jigsaw import elastic
-from jigsaw.gradnoise import GradParams, NoiseEstimator, adascale_lr
+from jigsaw.gradnoise import GradParams, NoiseEstimator, adascale_lr, gain
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.schedules.base import Parts
 from worker_agent.runtime.schedules.standard import DataParallel
@@ -48,6 +50,7 @@ class ElasticDataParallel(DataParallel):
         config = parts.config
         self._base_lr = config.hyperparameters.learning_rate
         self._base_batch = config.base_batch  # set for an adaptive batch only
+        self._gain = 1.0  # AdaScale's, at the rate the optimizer now has
         self.noise = NoiseEstimator(config.base_batch or config.hyperparameters.batch_size)
         # Per step: the sum of this rank's micro-batch gradients' squared norms, and the
         # accumulated gradient before the last micro-batch (None: nothing accumulated).
@@ -139,16 +142,17 @@ class ElasticDataParallel(DataParallel):
         self._adapt_learning_rate()
 
     def _adapt_learning_rate(self) -> None:
-        """An adaptive batch's learning rate by AdaScale's rule, from the noise so far."""
+        """An adaptive batch's learning rate by AdaScale's rule, from the noise so far,
+        and the gain its next step counts as."""
         if self._base_batch is not None:
-            rate = adascale_lr(
-                self._base_lr,
-                self._base_batch,
-                self.split.global_batch,
-                self.noise.params or _NO_NOISE,
-            )
+            batch, noise = self.split.global_batch, self.noise.params or _NO_NOISE
+            self._gain = gain(noise, batch / self._base_batch)
+            rate = adascale_lr(self._base_lr, self._base_batch, batch, noise)
             for group in self._parts.optimizer.param_groups:
                 group["lr"] = rate
+
+    def step_progress(self) -> float:
+        return self._gain
 
     @property
     def learning_rate(self) -> float:
