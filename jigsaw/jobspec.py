@@ -45,6 +45,17 @@ BUILTIN_PIPELINE_STAGES: dict[str, int] = {
     "text-transformer": 2,
     "transformer-synthetic": 2,
 }
+# The training samples of each built-in workload: a batch its workers' shares of them
+# cannot hold is refused at submission (the scheduler would choose an adaptive batch up to
+# `batch.max`); a test checks them against the trials' data.
+BUILTIN_TRAIN_SAMPLES: dict[str, int] = {
+    "digits-mlp": 1437,
+    "digits-cnn": 1437,
+    "text-transformer": 14242,
+    "resnet-synthetic": 1024,
+    "resnet18-synthetic": 4096,
+    "transformer-synthetic": 1024,
+}
 # The metrics each built-in workload's evaluation reports, so that a target metric it
 # never reports is refused at submission, not found out after a launch; a test checks
 # them against the trials' evaluations.
@@ -494,6 +505,29 @@ class JobSpec(StrictModel):
                     f"hyperparameters.batch_size ({size}) must be a multiple of workers "
                     f"({self.workers}) for an elastic job: the global batch is kept exactly "
                     "at every size"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _batch_fits_builtin_data(self) -> JobSpec:
+        """Each data-parallel replica trains on its share of the samples (the same number
+        for all), which must hold its share of the largest batch the job may run at."""
+        samples = BUILTIN_TRAIN_SAMPLES.get(self.workload)
+        if samples is None:
+            return self  # a user trial's data is known where it runs
+        largest = self.hyperparameters.batch_size
+        field = "hyperparameters.batch_size"
+        if self.adaptive and self.batch is not None and self.batch.max is not None:
+            largest, field = self.batch.max, "batch.max"
+        stages = self.pipeline.stages if self.pipeline is not None else 1
+        for workers in self.worker_counts():
+            replicas = max(workers // stages, 1)
+            if largest // replicas > samples // replicas:
+                raise ValueError(
+                    f"{field} ({largest}) is more than the {samples:,} training samples of "
+                    f"{self.workload!r} hold on {workers} workers "
+                    f"({samples // replicas * replicas:,}: a share of the samples each): "
+                    f"lower {field}"
                 )
         return self
 

@@ -235,6 +235,18 @@ def test_batch_global_is_the_hyperparameters_batch_size() -> None:
             "",
             "kfac",
         ),
+        # digits: 1,437 samples, of which 2 workers hold 718 each.
+        (
+            {"workers": 2, "batch": {"global": 64, "max": 1438, "adaptive": True}},
+            "",
+            "batch.max (1438) is more than the 1,437 training samples of 'digits-mlp' hold "
+            "on 2 workers (1,436",
+        ),
+        (
+            {"elastic": {"min_workers": 1, "max_workers": 2}, "batch": {"global": 2048}},
+            "",
+            "hyperparameters.batch_size (2048) is more than",
+        ),
     ],
 )
 def test_bad_elastic_and_batch_specs_name_their_path(
@@ -242,6 +254,15 @@ def test_bad_elastic_and_batch_specs_name_their_path(
 ) -> None:
     errors = _error_locs({**BASE, **patch})
     assert any(at == loc and message in text for at, text in errors), errors
+
+
+def test_a_batch_as_large_as_the_workers_shares_of_the_data_is_accepted() -> None:
+    # Each worker's share of the batch rounds down, as the runtime splits it.
+    for workers, largest in ((1, 1437), (2, 1437), (3, 1439)):
+        batch = {"global": 64 * 3, "max": largest, "adaptive": True}
+        JobSpec.model_validate({**BASE, "workers": workers, "batch": batch})
+    # A user trial's data is not known here: nothing is refused.
+    JobSpec.model_validate({**BASE, "workload": "trials.big:Big", "batch": {"global": 4096}})
 
 
 @pytest.mark.parametrize("value", [0, "64", 2**70, 64.0, True])

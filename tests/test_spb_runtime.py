@@ -16,7 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from jigsaw import spb
-from jigsaw.jobspec import BUILTIN_METRICS, BUILTIN_PARAMETER_LAYERS, Hyperparameters, SPBConfig
+from jigsaw.jobspec import (
+    BUILTIN_METRICS,
+    BUILTIN_PARAMETER_LAYERS,
+    BUILTIN_TRAIN_SAMPLES,
+    Hyperparameters,
+    SPBConfig,
+)
 from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
 from worker_agent.runtime.control import LocalController
@@ -47,6 +53,13 @@ def test_builtin_layer_counts_match_the_models() -> None:
     for workload, layers in BUILTIN_PARAMETER_LAYERS.items():
         model = _trial(workload).build_model()
         assert len(stage_cuts.parameter_layers(model)) == layers, workload
+
+
+def test_builtin_sample_counts_match_the_training_data() -> None:
+    # Submission refuses a batch these samples cannot hold: they must be the trials'.
+    assert set(BUILTIN_TRAIN_SAMPLES) == set(BUILTIN_PARAMETER_LAYERS)
+    for workload, samples in BUILTIN_TRAIN_SAMPLES.items():
+        assert len(_trial(workload).train_data()) == samples, workload
 
 
 def test_builtin_metric_names_match_the_evaluations() -> None:
