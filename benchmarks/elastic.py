@@ -14,12 +14,15 @@ grows it back when they are done (checkpoint, restart on the new gang);
 the elastic job's range left out of its spec, the second with it: JigSaw sizes it by the
 throughput model fitted to its measured step times and grows it only for more than its
 measured resize cost (`JIGSAW_SCHEDULER_JIGSAW_MIN_GROW_SAVING=0`, so that the cost is
-the whole charge on jobs this short). Reported per variant: makespan and mean JCT (and
-both over the fixed-size variant's with the same policy family and pool, measured in the
-same run), the resizes and their mean cost as stored in the `resized` events (and by
-mechanism: in place, restart), and the jobs that did not succeed with every iteration
-done (`lost_jobs`); a resize whose new gang did not resume at the boundary it
-checkpointed at is counted as a lost job too.
+the whole charge on jobs this short). `jigsaw-base-batch` and `jigsaw-rebatch` run
+JigSaw on one adaptive-batch job on both GPUs alone, four times as long in steps of its
+base batch: the first keeps its batch (`JIGSAW_SCHEDULER_JIGSAW_REBATCH_GAIN=0`), the
+second changes it in place as its measured goodput says. Reported per variant: makespan
+and mean JCT (and both over the fixed-size variant's with the same policy family and
+pool, measured in the same run), the resizes and their mean cost as stored in the
+`resized` events (and by mechanism: in place, restart), and the jobs that did not
+succeed with every iteration done (`lost_jobs`); a resize whose new gang did not resume
+at the boundary it checkpointed at is counted as a lost job too.
 
     python -m benchmarks.elastic [--iterations 600] [--variants NAME ...] [--json | --markdown]
 """
@@ -130,6 +133,7 @@ class Variant:
     baseline: str
     elastic_spec: bool = True
     env: dict[str, str] = field(default_factory=dict)
+    adaptive: bool = False  # the adaptive job alone (`adaptive_spec`), not the mix
 
 
 _JIGSAW = {"JIGSAW_SCHEDULER_JIGSAW_MIN_GROW_SAVING": "0"}
@@ -143,6 +147,14 @@ VARIANTS = {
     "elastic-warm-restart": Variant("fifo-elastic", 2, "fixed-warm", env=_RESTART),
     "jigsaw-fixed": Variant("jigsaw", 2, "jigsaw-fixed", elastic_spec=False, env=_JIGSAW),
     "jigsaw-elastic": Variant("jigsaw", 2, "jigsaw-fixed", env=_JIGSAW),
+    "jigsaw-base-batch": Variant(
+        "jigsaw",
+        2,
+        "jigsaw-base-batch",
+        env={**_JIGSAW, "JIGSAW_SCHEDULER_JIGSAW_REBATCH_GAIN": "0"},
+        adaptive=True,
+    ),
+    "jigsaw-rebatch": Variant("jigsaw", 2, "jigsaw-base-batch", env=_JIGSAW, adaptive=True),
 }
 LEASE_ITERATIONS = 20
 
@@ -166,6 +178,19 @@ def specs(iterations: int, elastic: bool = True) -> list[dict[str, Any]]:
     ]
 
 
+def adaptive_spec(iterations: int) -> dict[str, Any]:
+    """A two-worker job whose batch the scheduler may take from 64 to 512 (two workers'
+    shares of the digits hold 718 samples each), `iterations` steps of its base batch."""
+    return {
+        "name": "adaptive",
+        "workload": "digits-mlp",
+        "workers": 2,
+        "batch": {"global": 64, "min": 64, "max": 512, "adaptive": True},
+        "hyperparameters": {"learning_rate": 0.05},
+        "max_iterations": iterations,
+    }
+
+
 def run_variant(variant: Variant, iterations: int, home: Path) -> dict[str, Any]:
     env = {
         "JIGSAW_AGENT_WARM_WORKERS": str(variant.warm),
@@ -179,7 +204,10 @@ def run_variant(variant: Variant, iterations: int, home: Path) -> dict[str, Any]
         JigsawClient(server.url, server.token()) as client,
     ):
         wait(lambda: alive_gpus(client) == 2, "the local agent's GPUs")
-        first, *rest = specs(iterations, variant.elastic_spec)
+        if variant.adaptive:
+            first, rest = adaptive_spec(4 * iterations), []
+        else:
+            first, *rest = specs(iterations, variant.elastic_spec)
         ids = [client.submit(first)["id"]]
         wait(lambda: client.get_job(ids[0])["iterations_done"] >= 2 * LEASE_ITERATIONS, "start")
         ids += [client.submit(spec)["id"] for spec in rest]

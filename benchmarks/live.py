@@ -48,9 +48,15 @@ def makespan_and_mean_jct(jobs: Sequence[Mapping[str, Any]]) -> tuple[float, flo
 
 
 def lost(jobs: Iterable[Mapping[str, Any]], specs: Iterable[Mapping[str, Any]]) -> set[int]:
-    """Jobs that did not succeed with every iteration their spec asked for."""
+    """Jobs that did not succeed with every iteration their spec asked for (an adaptive
+    batch's: steps of its base batch, each step counting its AdaScale gain)."""
     return {
         job["id"]
         for job, spec in zip(jobs, specs, strict=True)
-        if job["state"] != "SUCCEEDED" or job["iterations_done"] != spec["max_iterations"]
+        if job["state"] != "SUCCEEDED" or not _all_done(job, spec["max_iterations"])
     }
+
+
+def _all_done(job: Mapping[str, Any], wanted: int) -> bool:
+    done, progress = job["iterations_done"], job["progress"]
+    return done == wanted or done < wanted <= progress
