@@ -102,9 +102,16 @@ step time at each size as it runs there (Pollux's throughput model fitted to the
 measured steps: a size never run is predicted), reads the measured cost of its resizes
 from the `resized` events, and grows it only when the time saved exceeds that cost
 (`JIGSAW_SCHEDULER_JIGSAW_MIN_GROW_SAVING=0`: the default 600 s margin is for jobs of
-hours, and would keep these one-minute jobs from ever growing). `lost_jobs`: jobs that
-did not succeed with every iteration, or whose new gang did not resume at the boundary
-its resize checkpointed at.
+hours, and would keep these one-minute jobs from ever growing). `jigsaw-base-batch` and
+`jigsaw-rebatch` run JigSaw with the warm pool on one job alone, `digits-mlp` on both
+GPUs with `batch: {global: 64, min: 64, max: 512, adaptive: true}` and 2,400 iterations
+(steps of its base batch: a step at a larger batch counts as AdaScale's gain), at its
+base batch throughout (`JIGSAW_SCHEDULER_JIGSAW_REBATCH_GAIN=0`) and with its batch
+changed in place as its measured goodput says (the default); the second's ratios are to
+the first. `first_job_steps` and `first_job_batches`: the first job's optimizer steps and
+the global batches it ran at in turn. `lost_jobs`: jobs that did not succeed with every
+iteration (an adaptive job: every step of its base batch), or whose new gang did not
+resume at the boundary its resize checkpointed at.
 """
 
 MARKDOWN_TAIL = """Reading: the shrink for the newcomers, in place, cost 0.2 s from the boundary's
@@ -221,9 +228,17 @@ def run_variant(variant: Variant, iterations: int, home: Path) -> dict[str, Any]
         ]
         broken = {job_id for job_id, data in resized if not _resumed_at(client, job_id, data)}
     makespan, mean_jct = makespan_and_mean_jct(jobs)
+    batches = [64]  # both first jobs' base batch
+    for job_id, data in resized:
+        if job_id == ids[0] and data.get("global_batch") not in (None, batches[-1]):
+            batches.append(data["global_batch"])
     return {
         "makespan_s": makespan,
         "mean_jct_s": mean_jct,
+        # The first job's optimizer steps and global batches in turn (an adaptive one's
+        # steps are fewer than its spec's `max_iterations` once its batch grew).
+        "first_job_steps": jobs[0]["iterations_done"],
+        "first_job_batches": "->".join(map(str, batches)),
         "resizes": len(resized),
         "resize_seconds": _mean([data["seconds"] for _, data in resized]),
         "in_place": sum(data.get("mechanism") == IN_PLACE for _, data in resized),
