@@ -190,26 +190,25 @@ def test_a_job_never_has_two_runs_here_and_older_attempts_never_start(
     pids = supervisor.pids(5)
     _until(supervisor, _is_report)
     _start(supervisor, _launch(5, ranks=((0, 0),), attempt=2))  # the same command again
-    # Another attempt while attempt 2 runs (on a free GPU, too): refused, with an exit
-    # of its own attempt, which the scheduler tells from attempt 2's.
-    _start(supervisor, _launch(5, ranks=((0, 1),), attempt=3))
-    _, refused = _until_exit(supervisor, 5)
-    assert (refused.attempt, refused.outcome) == (3, agent_pb2.OUTCOME_FAILED)
-    assert "attempt 2 of this job runs on this node" in refused.error_tail
-    assert supervisor.runs() == {5: (2, {0: 0})} and supervisor.pids(5) == pids
     config = json.loads((tmp_path / "agent/job-5/rank-0.json").read_text())
     assert config["attempt"] == 2  # the workers' fence
-
-    supervisor.stop(5)
+    # A newer attempt while attempt 2 runs (on a free GPU, too): the scheduler gave up on
+    # attempt 2 (its agent fell silent past the timeout, say). Attempt 2 is stopped, and
+    # attempt 3 refused until it is gone: REFUSED, which queues the job again, not FAILED.
+    _start(supervisor, _launch(5, ranks=((0, 1),), attempt=3))
+    _, refused = _until_exit(supervisor, 5)
+    assert (refused.attempt, refused.outcome) == (3, agent_pb2.OUTCOME_REFUSED)
+    assert "attempt 2 of this job still runs on this node" in refused.error_tail
     _, end = _until_exit(supervisor, 5)
     assert (end.attempt, end.outcome) == (2, agent_pb2.OUTCOME_STOPPED)
+    assert supervisor.running() == {}
+    _assert_gone(pids)
     # A late launch of an attempt older than one seen here never starts.
     _start(supervisor, _launch(5, ranks=((0, 0),), attempt=1))
     _, stale = _until_exit(supervisor, 5)
     assert (stale.attempt, stale.outcome) == (1, agent_pb2.OUTCOME_FAILED)
-    assert "attempt 2 of this job ran on this node" in stale.error_tail
+    assert "attempt 3 of this job ran on this node" in stale.error_tail
     assert supervisor.running() == {}
-    _assert_gone(pids)
 
 
 def test_a_crashing_user_trial_fails_with_its_traceback(supervisor: Supervisor) -> None:

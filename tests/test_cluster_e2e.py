@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 import torch
 
-from tests.cluster import CHECKPOINT_EVERY, cluster, ended, kill, wait_for, worker_pids
+from tests.cluster import (
+    CHECKPOINT_EVERY,
+    cluster,
+    ended,
+    incarnations,
+    kill,
+    wait_for,
+    worker_pids,
+)
 from tests.runtime_helpers import run_gang
 from tests.servers import JIGSAW, clean_env
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
@@ -226,6 +234,37 @@ def test_a_killed_agent_loses_its_job_which_resumes_from_its_checkpoint_elsewher
             lines = [line["message"] for line in client.logs(job_id)["items"]]
             assert any("resumed from the checkpoint at iteration" in line for line in lines)
         assert worker_pids(tmp_path) == []
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_a_job_whose_agent_fell_silent_past_the_timeout_runs_once_more_and_succeeds(
+    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+) -> None:
+    """An agent paused (as a loaded host can pause it) past the timeout is declared lost
+    and its job requeued while its training processes go on; when it speaks again on the
+    same stream, the job's next launch there finds the stale run: the agent stops that run
+    and refuses the launch (the job queues again, through no fault of its own) until it is
+    gone, and the job then succeeds from its checkpoint, never two runs at once."""
+    with cluster(tmp_path, **_database(request, backend)) as c:
+        agent = c.start_agent("agent-a", gpus=1)
+        c.wait_nodes(alive=1)
+        with c.client() as client:
+            job_id = client.submit(
+                {"name": "digits", "workload": "digits-mlp", "max_iterations": 3000}
+            )["id"]
+            c.wait_job(job_id, lambda j: j["iterations_done"] > 2 * CHECKPOINT_EVERY, "underway")
+            agent.send_signal(signal.SIGSTOP)
+            try:
+                c.wait_job(job_id, lambda j: j["state"] == "QUEUED", "requeued")
+            finally:
+                agent.send_signal(signal.SIGCONT)
+            job = c.wait_job(job_id, ended, "ended")
+            assert job["state"] == "SUCCEEDED", job
+            assert job["iterations_done"] == 3000 and job["failures"] == 0
+            messages = [e["message"] for e in client.events(job_id)["items"]]
+            assert "agent lost" in messages
+            assert any("still runs on this node" in m for m in messages), messages
+        assert len(incarnations(tmp_path)) == 0
 
 
 @pytest.mark.parametrize("backend", ["sqlite"])

@@ -195,10 +195,13 @@ class Supervisor:
         within `max_jobs_per_gpu` and their memory caps within its memory; a launch
         beyond either is refused with the reason (an exit REFUSED: the job queues
         again). A job never has two runs here: the launch of the attempt already running is
-        ignored (a repeated command), and one of another attempt is refused, as is one
-        older than an attempt this agent has seen (a stale command must not start a
-        second incarnation beside the job's current one). A refused launch, or one that
-        cannot be carried out, ends that attempt at once with a FAILED exit that says why.
+        ignored (a repeated command); one of a newer attempt means the scheduler gave up on
+        the run here (its agent fell silent past the timeout, say), so that run is stopped
+        and the launch refused until it is gone (REFUSED: the job queues again, through no
+        fault of its own); one older than an attempt this agent has seen is a stale command,
+        which must not start a second incarnation beside the job's current one. That, or a
+        launch that cannot be carried out, ends its attempt at once with a FAILED exit that
+        says why.
         """
         with self._lock:
             job_id, attempt = launch.job_id, launch.attempt
@@ -212,6 +215,19 @@ class Supervisor:
                 )
                 return
             newest = self._attempts.get(job_id, attempt)
+            stale = running is not None and running.attempt < attempt
+            if stale:
+                self._attempts[job_id] = attempt
+        if stale:
+            assert running is not None
+            reason = f"attempt {running.attempt} of this job still runs on this node"
+            self.stop(job_id, f"{reason}; the scheduler launched attempt {attempt}")
+            self.outbound.put(
+                JobEnded(job_id, attempt, Outcome.REFUSED, error_tail=f"{reason}: stopping it")
+            )
+            return
+        with self._lock:
+            running = self._jobs.get(job_id)
             if running is not None or attempt < newest:
                 self._fail_before_start(
                     job_id,
