@@ -140,9 +140,10 @@ export function jobView(jobId) {
 }
 
 // What max_iterations counts done; an adaptive batch's steps count AdaScale's gain, so
-// its iterations are said beside.
+// its optimizer steps are said beside (as `jigsaw job` says it).
 function progressText(job, total) {
   const done = Math.floor(job.progress);
-  const counted = total ? `${done} / ${total} iterations` : `${done} iterations`;
-  return done === job.iterations_done ? counted : `${counted} (base batch), ${job.iterations_done} steps`;
+  const counted = total ? `${done} / ${total}` : `${done}`;
+  if (done === job.iterations_done) return `${counted} iterations`;
+  return `${counted} steps of its base batch, in ${job.iterations_done} iterations`;
 }
