@@ -100,14 +100,19 @@ def test_jigsaw_changes_an_adaptive_jobs_batch_in_place_as_its_goodput_says(
             assert data["mechanism"] == "in-place" and 64 <= data["global_batch"] <= 512
         first = rebatched[0]
         assert first["global_batch"] > 64  # goodput grows with the batch at first
-        # The reports right after its boundary run at its batch, on both workers.
+        # Its reports run at every batch it was given, on both workers. (A run requeued
+        # under load resumes at the batch its placement picks: no event says that one.)
         points = client.metrics(job, points=3000)["points"]
-        after = [p for p in points if first["iteration"] < p["iteration"] <= first["iteration"] + 5]
-        assert {(p["batch_size"], p["workers"]) for p in after} == {(first["global_batch"], 2)}
-        # `max_iterations` counts steps of the base batch: each step at the larger batch
+        ran = {(p["batch_size"], p["workers"]) for p in points}
+        assert {(data["global_batch"], 2) for data in rebatched} <= ran, ran
+        # `max_iterations` counts steps of the base batch: each step at a larger batch
         # counted its AdaScale gain (above 1), so the job ended in fewer optimizer steps.
         done = client.get_job(job)
         assert 3000 <= done["progress"] < 3000 + 512 / 64
         assert first["iteration"] < done["iterations_done"] < 3000
-        gains = [b["progress"] - a["progress"] for a, b in zip(after, after[1:], strict=False)]
-        assert all(1 < gain <= first["global_batch"] / 64 for gain in gains), gains
+        gains = [
+            (b["progress"] - a["progress"], b["batch_size"] / 64)
+            for a, b in zip(points, points[1:], strict=False)
+            if b["iteration"] == a["iteration"] + 1 and a["batch_size"] == b["batch_size"] > 64
+        ]
+        assert gains and all(1 < gain <= scale + 1e-9 for gain, scale in gains), gains
