@@ -50,8 +50,12 @@ def test_two_apis_one_scheduler_no_lost_or_duplicated_job(
         jigsaw_up(home, "--no-scheduler", **env) as api_b,
     ):  # fmt: skip
         headers = {"Authorization": f"Bearer {leader.token()}"}
+        # Idle connections are dropped well before the server's keep-alive timeout (5 s):
+        # a request on one the server is closing just then is reset (seen under load).
+        limits = httpx.Limits(keepalive_expiry=1.0)
         clients = [
-            httpx.Client(base_url=api.url, headers=headers, timeout=60) for api in (api_a, api_b)
+            httpx.Client(base_url=api.url, headers=headers, timeout=60, limits=limits)
+            for api in (api_a, api_b)
         ]
 
         def submit(i: int) -> None:
