@@ -17,6 +17,7 @@ import torch
 
 from tests.cluster import (
     CHECKPOINT_EVERY,
+    Cluster,
     cluster,
     ended,
     incarnations,
@@ -204,6 +205,16 @@ def test_suspend_then_resume_on_another_agent_continues_the_same_trajectory(
             assert torch.allclose(actual["model"][name], tensor, rtol=1e-5, atol=1e-6), name
 
 
+def _underway(c: Cluster, client: Any) -> int:
+    """A job long enough to be still running when its agent goes, a few seconds in,
+    once it has checkpointed."""
+    job_id: int = client.submit(
+        {"name": "digits", "workload": "digits-mlp", "max_iterations": 3000}
+    )["id"]
+    c.wait_job(job_id, lambda j: j["iterations_done"] > 2 * CHECKPOINT_EVERY, "underway")
+    return job_id
+
+
 @pytest.mark.parametrize("backend", ["postgres"])
 def test_a_killed_agent_loses_its_job_which_resumes_from_its_checkpoint_elsewhere(
     request: pytest.FixtureRequest, tmp_path: Path, backend: str
@@ -213,11 +224,7 @@ def test_a_killed_agent_loses_its_job_which_resumes_from_its_checkpoint_elsewher
         c.start_agent("agent-b", gpus=1)
         c.wait_nodes(alive=2)
         with c.client() as client:
-            # Long enough to be still running when its agent is killed, a few seconds in.
-            job_id = client.submit(
-                {"name": "digits", "workload": "digits-mlp", "max_iterations": 3000}
-            )["id"]
-            c.wait_job(job_id, lambda j: j["iterations_done"] > 2 * CHECKPOINT_EVERY, "underway")
+            job_id = _underway(c, client)
             (victim,) = _nodes_of(client, job_id)
             (survivor,) = {"agent-a", "agent-b"} - {victim}
             victims = worker_pids(tmp_path)
@@ -249,10 +256,7 @@ def test_a_job_whose_agent_fell_silent_past_the_timeout_runs_once_more_and_succe
         agent = c.start_agent("agent-a", gpus=1)
         c.wait_nodes(alive=1)
         with c.client() as client:
-            job_id = client.submit(
-                {"name": "digits", "workload": "digits-mlp", "max_iterations": 3000}
-            )["id"]
-            c.wait_job(job_id, lambda j: j["iterations_done"] > 2 * CHECKPOINT_EVERY, "underway")
+            job_id = _underway(c, client)
             agent.send_signal(signal.SIGSTOP)
             try:
                 c.wait_job(job_id, lambda j: j["state"] == "QUEUED", "requeued")
