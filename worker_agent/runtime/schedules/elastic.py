@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from jigsaw import elastic
-from jigsaw.gradnoise import GradParams, NoiseEstimator, adascale_lr, gain
+from jigsaw.gradnoise import GradParams, NoiseEstimator, gain
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.schedules.base import Parts
 from worker_agent.runtime.schedules.standard import DataParallel
@@ -145,11 +145,10 @@ class ElasticDataParallel(DataParallel):
         """An adaptive batch's learning rate by AdaScale's rule, from the noise so far,
         and the gain its next step counts as."""
         if self._base_batch is not None:
-            batch, noise = self.split.global_batch, self.noise.params or _NO_NOISE
-            self._gain = gain(noise, batch / self._base_batch)
-            rate = adascale_lr(self._base_lr, self._base_batch, batch, noise)
+            noise = self.noise.params or _NO_NOISE
+            self._gain = gain(noise, self.split.global_batch / self._base_batch)
             for group in self._parts.optimizer.param_groups:
-                group["lr"] = rate
+                group["lr"] = self._base_lr * self._gain  # `adascale_lr`, gain computed once
 
     def step_progress(self) -> float:
         return self._gain
