@@ -13,10 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from api.client import JigsawClient
 from api.credentials import agent_token_path, load_credentials
 from api.server import free_port
 from tests.servers import JIGSAW, TERMINAL, Server, clean_env, jigsaw_up
+
+# A scenario of real training processes runs on one backend (the `db_url` fixture's
+# parameter): the control-plane tests take every store path on both, and the scenarios
+# are dealt between the two so that each backend carries some.
+ON_SQLITE = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+ON_POSTGRES = pytest.mark.parametrize(
+    "db_url", [pytest.param("postgres", marks=pytest.mark.postgres)], indirect=True
+)
 
 # Short enough that a killed agent is noticed within seconds.
 AGENT_TIMEOUT_SECONDS = 4

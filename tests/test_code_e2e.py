@@ -17,7 +17,7 @@ from sqlalchemy import update
 from jigsaw import codearchive
 from scheduler.db import make_engine
 from scheduler.orm import CodeArchive
-from tests.cluster import cluster, ended
+from tests.cluster import ON_POSTGRES, cluster, ended
 from tests.servers import JIGSAW, clean_env
 
 pytestmark = pytest.mark.timeout(420)
@@ -102,18 +102,13 @@ def _submit(home: Path, spec: dict[str, Any], *args: str) -> int:
     return int(json.loads(submitted.stdout)["id"])
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+@ON_POSTGRES
 def test_uploaded_code_runs_on_two_agents_and_a_tampered_archive_is_refused(
-    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+    db_url: str, tmp_path: Path
 ) -> None:
-    url = (
-        f"sqlite:///{tmp_path}/jigsaw.db"
-        if backend == "sqlite"
-        else str(request.getfixturevalue("postgres_url"))
-    )
     code = _package(tmp_path / "code")
     home = tmp_path / "home"
-    with cluster(home, JIGSAW_DATABASE_URL=url) as c:
+    with cluster(home, JIGSAW_DATABASE_URL=db_url) as c:
         c.start_agent("agent-a", gpus=1)
         c.start_agent("agent-b", gpus=1)
         c.wait_nodes(alive=2)
@@ -126,7 +121,7 @@ def test_uploaded_code_runs_on_two_agents_and_a_tampered_archive_is_refused(
             digest = client.upload_code(codearchive.pack(tampered_code, codearchive.Limits()))[
                 "digest"
             ]
-        engine = make_engine(url)
+        engine = make_engine(db_url)
         try:
             with engine.begin() as connection:
                 connection.execute(

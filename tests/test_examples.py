@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 
 from api.client import JigsawClient
-from tests.cluster import ended, wait_for
+from tests.cluster import ON_SQLITE, ended, wait_for
 from tests.servers import JIGSAW, clean_env, jigsaw_up_with
 
 PROJECT = Path(__file__).resolve().parents[1] / "examples" / "spirals"
 SPEC = PROJECT / "spirals.yaml"
 
 
+@ON_SQLITE
 def test_the_example_trial_trains_to_its_target_on_local_agents(
     db_url: str, tmp_path: Path
 ) -> None:

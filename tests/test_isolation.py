@@ -193,7 +193,7 @@ def _mode(path: Path) -> int:
 
 
 @AS_ROOT
-@BACKENDS
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
 def test_trials_of_a_root_jigsaw_up_run_as_the_worker_user_and_reach_no_secret(
     backend: str, shared_tmp: Path, runtime: Runtime, request: pytest.FixtureRequest
 ) -> None:
@@ -242,7 +242,7 @@ def test_trials_of_a_root_jigsaw_up_run_as_the_worker_user_and_reach_no_secret(
 
 
 @AS_ROOT
-@BACKENDS
+@pytest.mark.parametrize("backend", ["sqlite"])
 def test_trials_of_an_unprivileged_agent_reach_no_secret(
     backend: str, shared_tmp: Path, runtime: Runtime, request: pytest.FixtureRequest
 ) -> None:

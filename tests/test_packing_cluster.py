@@ -21,7 +21,7 @@ from scheduler.db import make_engine
 from scheduler.models.agents import allowance
 from scheduler.models.measured import PROFILED_MEMORY_FACTOR
 from scheduler.orm import GPU, Allocation, IterationMetric
-from tests.cluster import cluster, ended
+from tests.cluster import ON_SQLITE, cluster, ended
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,6 +46,7 @@ def _profile(batch: int) -> dict[str, Any]:
     }
 
 
+@ON_SQLITE
 def test_two_profiled_jobs_share_a_gpu_from_their_first_round(tmp_path: Path, db_url: str) -> None:
     settings = {"JIGSAW_DATABASE_URL": db_url, "JIGSAW_SCHEDULER_POLICY": "jigsaw"}
     with cluster(tmp_path / "home", **settings) as c:

@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from scheduler.db import make_engine
 from scheduler.orm import Allocation, IterationMetric
-from tests.cluster import Cluster, cluster, ended, incarnations
+from tests.cluster import ON_POSTGRES, Cluster, cluster, ended, incarnations
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -84,6 +84,7 @@ class Sampler(threading.Thread):
             raise self.failure
 
 
+@ON_POSTGRES
 def test_a_team_gets_its_lent_gpus_back_from_real_training_jobs(
     tmp_path: Path, db_url: str
 ) -> None:
