@@ -18,21 +18,28 @@ workloads it holds back, so they are a reference, not the same jobs.
 (`scheduler.sim.metrics.by_application`), from the same runs. `--grow-seconds S` makes
 a growth cost S seconds instead of its restart (`SimOptions.grow_seconds`): what
 growing in place could gain at most, the policy still charging itself the restart.
+`--param NAME=VALUE` (repeatable) runs both JigSaw variants with that field of
+`JigsawParams` changed (VALUE in JSON: `--param efficiency_floors=[0.3]`).
 
     python -m benchmarks.goodput_sim [--loads] [--seeds N] [--first-seed N] [--by-app]
-                                     [--grow-seconds S] [--json | --markdown]
+                                     [--grow-seconds S] [--param NAME=VALUE ...]
+                                     [--json | --markdown]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from benchmarks.harness import add_output_options, emit
 from scheduler.policies import get_policy
+from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.loads import load_variant
 from scheduler.sim.metrics import by_application, summarize
@@ -86,6 +93,19 @@ floor also the GPU-time it spends (for the jobs that arrive behind: the recent a
 rate times the square of the backlog's GPU-time over the GPUs, halved) chose the high
 floors more often and did worse everywhere tried (1.5x: 4,053 s on windows 0-3, 4,194 s
 on 4-7).
+
+**One knob at a time.** Each of the policy's other growth and order constants moved one
+step each way (`--param NAME=VALUE`; goodput means on windows 0-3 / 4-7, s): shipped
+1,560 / 1,515 at 0.5x, 2,435 at 1.0x, 3,806 / 3,902 at 1.5x, 5,239 / 6,112 at 2x.
+`min_grow_saving` 1,200: 1,620 / 1,527, 2,438, 3,763 / 3,876, 5,181 / 6,171; 300:
+1,561 / 1,503, 2,450, 3,839 / 4,116, 5,302 / 5,995. `grow_floor` 0.85: 1,570 / 1,513,
+2,413, 3,755 / 4,083, 5,148 / 5,968; 0.5: 1,559 / 1,529, 2,431, 3,877 / 3,978.
+`long_job_seconds` 7,200: 1,569 / 1,507, 2,415, 3,734 / 4,102. `stickiness` 0.5 or 0.85, `long_job_floor`
+0.85, `min_grow_share` 0.25, `tail_share` 0.3, `straggler_discount` 0.5: within 2% at
+1.0x and 0.5x, 3,757-3,835 at 1.5x on 0-3 but 4,219-4,309 on 4-7: window 5 at 1.5x
+alone ends at 3,895-5,486 s with one of them changed (3,925 shipped). None is better at
+both 0.5x and 1.5x on both sets of windows; `min_grow_saving` 1,200, better at 1.5x on 7
+of the 8 windows, costs 0.5x 3.8% on 0-3. The shipped constants stand.
 
 **Fairness.** With goodput JigSaw's p99 is below Tiresias's on all 20 cases. With fixed
 batches it is above on 6 (workload-3 +10.0%; windows of 0.5x +9.4% and +1.1%, of 1.5x
@@ -145,7 +165,12 @@ APP_FORMATS = {
 
 
 def _rows(
-    name: str, load: float, jobs: list[TraceJob], pollux: float, grow_seconds: float | None
+    name: str,
+    load: float,
+    jobs: list[TraceJob],
+    pollux: float,
+    grow_seconds: float | None,
+    params: JigsawParams | None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every variant on one workload, with the ratios against Pollux and Tiresias; and
     each variant's JCT by application."""
@@ -153,7 +178,8 @@ def _rows(
     apps: list[dict[str, Any]] = []
     for variant, (policy, adaptive) in VARIANTS.items():
         options = SimOptions(adaptive_batch=adaptive, grow_seconds=grow_seconds)
-        result = Simulator(jobs, CLUSTER, get_policy(policy), options=options).run()
+        chosen = get_policy(policy, params if policy == "jigsaw" else None)
+        result = Simulator(jobs, CLUSTER, chosen, options=options).run()
         results[variant] = summarize(result)
         apps += [
             {"workload": name, "load": load, "variant": variant, **row}
@@ -197,6 +223,26 @@ def _means(rows: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
     return means
 
 
+def _params(parser: argparse.ArgumentParser, given: list[str]) -> JigsawParams | None:
+    """JigSaw's defaults with the `--param NAME=VALUE` fields changed (None: none given)."""
+    if not given:
+        return None
+    values: dict[str, Any] = {}
+    for item in given:
+        name, sep, text = item.partition("=")
+        if not sep or name not in JigsawParams.model_fields:
+            parser.error(f"--param {item!r}: expected NAME=VALUE with NAME a JigsawParams field")
+        try:
+            values[name] = json.loads(text)
+        except json.JSONDecodeError:
+            values[name] = text  # a plain word: an enum's value
+    try:
+        return JigsawParams(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors())
+        parser.error(f"--param: {problems}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--loads", action="store_true", help="also the 0.5x, 1.5x, 2x variants")
@@ -218,8 +264,16 @@ def main() -> None:
         help="what a growth costs instead of a 30 s restart (what growing in place "
         "could save; the policy is charged the restart still)",
     )
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a JigsawParams field for both JigSaw variants, VALUE in JSON (repeatable)",
+    )
     add_output_options(parser)
     args = parser.parse_args()
+    params = _params(parser, args.param)
     if not (TRACES / "workloads").is_dir():
         parser.error(f"{TRACES} not found: the Pollux traces live in ../shared/traces")
     if args.seeds < 1:
@@ -233,7 +287,7 @@ def main() -> None:
     apps: list[dict[str, Any]] = []
     for workload in given:
         made_rows, made_apps = _rows(
-            workload.name, 1.0, workload.jobs, POLLUX[workload.name], args.grow_seconds
+            workload.name, 1.0, workload.jobs, POLLUX[workload.name], args.grow_seconds, params
         )
         rows, apps = rows + made_rows, apps + made_apps
     summary = _means(rows, "mean of 8")
@@ -243,7 +297,7 @@ def main() -> None:
             for seed in range(args.first_seed, args.first_seed + args.seeds):
                 made = load_variant(TRACES / "philly.csv", given, load, seed, TRACES / "apps")
                 made_rows, made_apps = _rows(
-                    made.name, load, made.jobs, POLLUX_BY_LOAD[load], args.grow_seconds
+                    made.name, load, made.jobs, POLLUX_BY_LOAD[load], args.grow_seconds, params
                 )
                 variant_rows, apps = variant_rows + made_rows, apps + made_apps
             rows += variant_rows

@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import goodput_sim
 from jigsaw import spb
 from scheduler.core.goodput import GoodputModel, efficiency
 from scheduler.core.plan import Placement, Plan
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.policies import get_policy, jigsaw
 from scheduler.policies.jigsaw import CONFIGS
+from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.sim import adaptive
 from scheduler.sim.apps import load_application
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
@@ -222,6 +224,10 @@ def test_cli_simulates_adaptive_batches(tmp_path: Path) -> None:
         (["--first-seed", "-1"], "--first-seed must be at least 0"),
         (["--grow-seconds", "-5"], "--grow-seconds must be between 0 and 3600"),
         (["--seeds", "0"], "--seeds must be at least 1"),
+        (["--param", "nope=1"], "expected NAME=VALUE with NAME a JigsawParams field"),
+        (["--param", "stickiness"], "expected NAME=VALUE with NAME a JigsawParams field"),
+        (["--param", "stickiness=-1"], "stickiness: Input should be greater than 0"),
+        (["--param", "efficiency_floors=[2]"], "efficiency_floors: Input should be less"),
     ],
 )
 def test_the_benchmark_refuses_bad_options_with_a_message(
@@ -237,3 +243,15 @@ def test_the_benchmark_refuses_bad_options_with_a_message(
     )
     assert run.returncode == 2
     assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_param_changes_both_jigsaw_variants_and_no_other_policy() -> None:
+    workload = load_workloads(POLLUX / "workloads")[0]
+    args = (workload.name, 1.0, workload.jobs, 2000.0, None)
+    shipped, _ = goodput_sim._rows(*args, None)
+    no_growth, _ = goodput_sim._rows(*args, JigsawParams(grow=False))
+    by_variant = {row["variant"]: row for row in shipped}
+    changed = {row["variant"]: row for row in no_growth}
+    assert changed["tiresias"] == by_variant["tiresias"]
+    for variant in ("jigsaw goodput", "jigsaw fixed batch"):
+        assert changed[variant]["avg_jct_s"] != by_variant[variant]["avg_jct_s"], variant
