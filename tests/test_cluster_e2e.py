@@ -205,12 +205,11 @@ def test_suspend_then_resume_on_another_agent_continues_the_same_trajectory(
             assert torch.allclose(actual["model"][name], tensor, rtol=1e-5, atol=1e-6), name
 
 
-def _underway(c: Cluster, client: Any) -> int:
-    """A job long enough to be still running when its agent goes, a few seconds in,
-    once it has checkpointed."""
-    job_id: int = client.submit(
-        {"name": "digits", "workload": "digits-mlp", "max_iterations": 3000}
-    )["id"]
+def _underway(c: Cluster, client: Any, spec: dict[str, Any] | None = None) -> int:
+    """A job (`spec`; default: 3000 iterations of digits) long enough to be still running
+    when its agent goes, a few seconds in, once it has checkpointed."""
+    spec = spec or {"name": "digits", "workload": "digits-mlp", "max_iterations": 3000}
+    job_id: int = client.submit(spec)["id"]
     c.wait_job(job_id, lambda j: j["iterations_done"] > 2 * CHECKPOINT_EVERY, "underway")
     return job_id
 
@@ -252,11 +251,14 @@ def test_a_job_whose_agent_fell_silent_past_the_timeout_runs_once_more_and_succe
     same stream, the job's next launch there finds the stale run: the agent stops that run
     and refuses the launch (the job queues again, through no fault of its own) until it is
     gone, and the job then succeeds from its checkpoint, never two runs at once."""
+    # 50 ms a step whatever the load: the stale run still has most of its 30 s to go when
+    # the agent speaks again (a CPU-bound job sometimes ended during the pause).
+    slow = {"name": "slow", "workload": "tests.runtime_helpers:SlowTrial", "max_iterations": 600}
     with cluster(tmp_path, **_database(request, backend)) as c:
         agent = c.start_agent("agent-a", gpus=1)
         c.wait_nodes(alive=1)
         with c.client() as client:
-            job_id = _underway(c, client)
+            job_id = _underway(c, client, slow)
             agent.send_signal(signal.SIGSTOP)
             try:
                 c.wait_job(job_id, lambda j: j["state"] == "QUEUED", "requeued")
@@ -264,7 +266,7 @@ def test_a_job_whose_agent_fell_silent_past_the_timeout_runs_once_more_and_succe
                 agent.send_signal(signal.SIGCONT)
             job = c.wait_job(job_id, ended, "ended")
             assert job["state"] == "SUCCEEDED", job
-            assert job["iterations_done"] == 3000 and job["failures"] == 0
+            assert job["iterations_done"] == 600 and job["failures"] == 0
             messages = [e["message"] for e in client.events(job_id)["items"]]
             assert "agent lost" in messages
             assert any("still runs on this node" in m for m in messages), messages
