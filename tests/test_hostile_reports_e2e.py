@@ -16,18 +16,12 @@ import pytest
 from sqlalchemy import create_engine, select
 
 from scheduler.orm import IterationMetric
-from tests.cluster import cluster, ended, kill, wait_for, worker_pids
+from tests.cluster import ON_POSTGRES, cluster, ended, kill, wait_for, worker_pids
 from worker_agent.spool import SPOOL_FILE, ReportSpool
 
 pytestmark = pytest.mark.timeout(420)
 
 _TRIALS = "tests.runtime_helpers"
-
-
-def _database(request: pytest.FixtureRequest, backend: str) -> dict[str, str]:
-    if backend == "sqlite":
-        return {}
-    return {"JIGSAW_DATABASE_URL": str(request.getfixturevalue("postgres_url"))}
 
 
 def _running(job: dict[str, Any]) -> bool:
@@ -36,11 +30,11 @@ def _running(job: dict[str, Any]) -> bool:
 
 # PostgreSQL only: it is the backend that refuses a NUL in text (both backends take the
 # sanitised reports in test_report_writer and test_api_hardening).
-@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+@ON_POSTGRES
 def test_nul_and_inf_from_trials_disturb_no_other_job_and_end_once(
-    request: pytest.FixtureRequest, tmp_path: Path, backend: str
+    db_url: str, tmp_path: Path
 ) -> None:
-    env = {**_database(request, backend), "JIGSAW_SCHEDULER_POLICY": "fifo"}
+    env = {"JIGSAW_DATABASE_URL": db_url, "JIGSAW_SCHEDULER_POLICY": "fifo"}
     with cluster(tmp_path, **env) as c:
         c.start_agent("agent-b", gpus=1)
         c.wait_nodes(alive=1)
