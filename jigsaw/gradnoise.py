@@ -69,22 +69,33 @@ def gain(grad: GradParams, scale: float) -> float:
     return float(efficiency_at_scale(grad, scale)) * scale
 
 
-def adascale_lr(base_lr: float, base_batch: float, new_batch: float, grad: GradParams) -> float:
-    """The learning rate at `new_batch` for a job tuned at `base_lr` and `base_batch`.
+@dataclass(frozen=True)
+class AdaScaleStep:
+    """A step at an adaptive batch: its learning rate and the base-batch steps of
+    progress it counts as (its gain)."""
+
+    lr: float
+    gain: float
+
+
+def adascale(base_lr: float, base_batch: float, new_batch: float, grad: GradParams) -> AdaScaleStep:
+    """The learning rate at `new_batch` for a job tuned at `base_lr` and `base_batch`, and
+    the gain the step counts as.
 
     AdaScale (Johnson et al., ICML 2020; AdaptDL's `AdaScale` scaling rule): the rate
     times the gain ratio. It is the rule the efficiency model assumes (one step at
     r x B0 makes gain(r) base steps of progress only if the step is gain(r) times as
     long), it is never bolder than linear scaling (gain <= r), it is linear scaling
     where noise dominates and no scaling where the gradient is exact, and it needs only
-    the gradient noise the runtime measures anyway. The runtime should also advance the
-    job's schedule by gain(r) per step (AdaScale's scale-invariant iterations).
+    the gradient noise the runtime measures anyway. The runtime advances the job's
+    progress by the gain per step (AdaScale's scale-invariant iterations).
     """
     if not (math.isfinite(base_lr) and base_lr >= 0):
         raise ValueError(f"base_lr must be finite and >= 0, not {base_lr!r}")
     check_batch("base_batch", base_batch)
     check_batch("new_batch", new_batch)
-    return base_lr * gain(grad, new_batch / base_batch)
+    step_gain = gain(grad, new_batch / base_batch)
+    return AdaScaleStep(lr=base_lr * step_gain, gain=step_gain)
 
 
 # AdaptDL smooths its noise estimates over about 1 / (1 - 0.999) steps at its batch

@@ -13,7 +13,7 @@ import torch
 
 from jigsaw import elastic
 from jigsaw.gpus import GpuSlot
-from jigsaw.gradnoise import GradParams, NoiseEstimator, adascale_lr
+from jigsaw.gradnoise import GradParams, NoiseEstimator, adascale
 from jigsaw.jobspec import JobSpec
 from jigsaw.proto import convert
 from jigsaw.proto.v2 import agent_pb2 as pb
@@ -163,7 +163,7 @@ def test_an_adaptive_batch_scales_the_learning_rate_by_adascale(tmp_path: Path) 
     for record in measured:
         assert record.grad_var is not None and record.grad_var >= 0 and record.grad_sqr >= 0
         grad = GradParams(record.grad_sqr, record.grad_var)
-        assert record.learning_rate == pytest.approx(adascale_lr(0.05, 32, 128, grad), rel=1e-9)
+        assert record.learning_rate == pytest.approx(adascale(0.05, 32, 128, grad).lr, rel=1e-9)
         # AdaScale lies between no scaling and linear scaling.
         assert 0.05 <= record.learning_rate <= 0.05 * 4 * (1 + 1e-12)
     # The noise is real here (a mini-batch is not the whole data), so the rate moved.
@@ -188,7 +188,7 @@ def test_an_adaptive_batch_on_one_worker_runs_two_micro_batches_and_measures_its
     for record in first:
         assert record.grad_sqr is not None and record.grad_var is not None
         grad = GradParams(record.grad_sqr, record.grad_var)
-        assert record.learning_rate == pytest.approx(adascale_lr(0.05, 16, 32, grad), rel=1e-9)
+        assert record.learning_rate == pytest.approx(adascale(0.05, 16, 32, grad).lr, rel=1e-9)
     assert first[-1].learning_rate > 0.05
     saved = _state(tmp_path)
     assert saved["schedule"]["noise"][2] == pytest.approx(1 - 0.99**steps)  # weight so far
@@ -200,7 +200,7 @@ def test_an_adaptive_batch_on_one_worker_runs_two_micro_batches_and_measures_its
     assert (resumed.iteration, resumed.batch_size) == (steps + 1, 64)
     assert resumed.grad_sqr is not None and resumed.grad_var is not None
     grad = GradParams(resumed.grad_sqr, resumed.grad_var)
-    assert resumed.learning_rate == pytest.approx(adascale_lr(0.05, 16, 64, grad), rel=1e-9)
+    assert resumed.learning_rate == pytest.approx(adascale(0.05, 16, 64, grad).lr, rel=1e-9)
     _assert_counts_adascale_gains([resumed], since=first[-1].progress)
     saved = _state(tmp_path)
     assert saved["schedule"]["noise"][2] == pytest.approx(1 - 0.99 ** (steps + 1))  # went on

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from jigsaw.gradnoise import GradParams, adascale_lr, efficiency, gain
+from jigsaw.gradnoise import GradParams, adascale, efficiency, gain
 from scheduler.core.goodput import (
     BatchLimits,
     GoodputModel,
@@ -284,9 +284,9 @@ def test_adascale_lr_is_the_gain_ratio_bounded_by_linear_scaling(
     grad: GradParams, base_lr: float, base: int, smaller: int, larger: int
 ) -> None:
     smaller, larger = sorted((smaller, larger))
-    assert adascale_lr(base_lr, base, base, grad) == pytest.approx(base_lr)
-    lr_small = adascale_lr(base_lr, base, smaller, grad)
-    lr_large = adascale_lr(base_lr, base, larger, grad)
+    assert adascale(base_lr, base, base, grad).lr == pytest.approx(base_lr)
+    lr_small = adascale(base_lr, base, smaller, grad).lr
+    lr_large = adascale(base_lr, base, larger, grad).lr
     assert lr_small <= lr_large * (1 + 1e-12)  # never lower for a larger batch
     scale = larger / base
     assert min(1.0, scale) * (1 - 1e-9) <= lr_large / base_lr <= max(1.0, scale) * (1 + 1e-9)
@@ -295,8 +295,8 @@ def test_adascale_lr_is_the_gain_ratio_bounded_by_linear_scaling(
 
 
 def test_adascale_lr_is_linear_in_pure_noise_and_constant_without_it() -> None:
-    assert adascale_lr(0.1, 64, 512, GradParams(sqr=0.0, var=1.0)) == pytest.approx(0.8)
-    assert adascale_lr(0.1, 64, 512, GradParams(sqr=1.0, var=0.0)) == pytest.approx(0.1)
+    assert adascale(0.1, 64, 512, GradParams(sqr=0.0, var=1.0)).lr == pytest.approx(0.8)
+    assert adascale(0.1, 64, 512, GradParams(sqr=1.0, var=0.0)).lr == pytest.approx(0.1)
 
 
 # --- bad input ---------------------------------------------------------------------
@@ -313,7 +313,7 @@ def test_adascale_lr_is_linear_in_pure_noise_and_constant_without_it() -> None:
         (lambda: BatchLimits(base=64, min=128, max=256, max_per_gpu=32), "min <= base <= max"),
         (lambda: fit_throughput([]), "at least one measured step"),
         (lambda: efficiency(GradParams(1.0, 1.0), 32, 0), "positive batch size"),
-        (lambda: adascale_lr(float("inf"), 32, 64, GradParams(1.0, 1.0)), "base_lr"),
+        (lambda: adascale(float("inf"), 32, 64, GradParams(1.0, 1.0)), "base_lr"),
         (lambda: profile_samples([{"placement": "20", "local_bsz": "8"}]), "profile row 1"),
         (lambda: profile_samples([{"placement": "2", "local_bsz": "8"}]), "profile row 1"),
     ],

@@ -25,7 +25,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from jigsaw import elastic
-from jigsaw.gradnoise import GradParams, NoiseEstimator, gain
+from jigsaw.gradnoise import GradParams, NoiseEstimator, adascale
 from worker_agent.runtime.config import WorkerConfig
 from worker_agent.runtime.schedules.base import Parts
 from worker_agent.runtime.schedules.standard import DataParallel
@@ -146,9 +146,10 @@ class ElasticDataParallel(DataParallel):
         and the gain its next step counts as."""
         if self._base_batch is not None:
             noise = self.noise.params or _NO_NOISE
-            self._gain = gain(noise, self.split.global_batch / self._base_batch)
+            step = adascale(self._base_lr, self._base_batch, self.split.global_batch, noise)
+            self._gain = step.gain
             for group in self._parts.optimizer.param_groups:
-                group["lr"] = self._base_lr * self._gain  # `adascale_lr`, gain computed once
+                group["lr"] = step.lr
 
     def step_progress(self) -> float:
         return self._gain
