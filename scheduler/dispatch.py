@@ -83,10 +83,11 @@ class Dispatcher(Protocol):
         """Checkpoint at the next iteration boundary, then end the job's processes."""
         ...
 
-    def shrink(self, launch: Launch) -> bool:
-        """Shrink the running job in place at its next boundary to `launch` (fewer of its
-        GPUs on its one node, its rank 0's kept, or all of them at another global batch;
-        the attempt it runs): a SHRUNK report follows once the ranks that leave are gone.
+    def resize_in_place(self, launch: Launch) -> bool:
+        """Resize the running job in place at its next boundary to `launch` (fewer of its
+        GPUs on its one node, its rank 0's kept; all of them and more of that node's; or
+        all of them at another global batch; the attempt it runs): a SHRUNK report
+        follows once the ranks that leave are gone.
         False when it cannot be asked so (the caller resizes the job by a restart); an
         agent that cannot do it suspends it."""
         ...
@@ -178,7 +179,7 @@ class SimulatedDispatcher:
         if run is not None:
             self._suspended.append(Report(job_id, int(run.iterations), RunOutcome.SUSPENDED))
 
-    def shrink(self, launch: Launch) -> bool:
+    def resize_in_place(self, launch: Launch) -> bool:
         return False  # simulated runs resize by a restart
 
     def reconfigure(self, job_id: int, config_version: int, spb: dict[str, Any]) -> None:

@@ -696,9 +696,9 @@ class SchedulerService:
     # -- resizes (scheduler/resize.py) ------------------------------------------------
 
     def _ask_resizes(self, resizes: Iterable[Resize], now: datetime) -> None:
-        """Ask each running job resized to shrink (or, an adaptive one, to change its
-        batch) in place at its next boundary where it can (`scheduler.resize.in_place`),
-        else to checkpoint there for a restart."""
+        """Ask each running job resized to shrink, grow (onto GPUs it is then given) or,
+        an adaptive one, change its batch in place at its next boundary where it can
+        (`scheduler.resize.in_place`), else to checkpoint there for a restart."""
         for resize in resizes:
             # One at a time: the next once the last one's new gang has reported (its
             # cost measured), so that a rebatch is not asked again before the job
@@ -720,23 +720,29 @@ class SchedulerService:
                 resize_models.record_asked(
                     session, job.id, resize.gpu_ids, len(gang), actor=ACTOR, now=now
                 )
-                smaller = in_place(gang, resize) if self._settings.resize_in_place else None
+                after = (
+                    self._in_place(session, gang, resize)
+                    if self._settings.resize_in_place
+                    else None
+                )
+                if after is not None:
+                    resize_models.hold(session, job.id, after[len(gang) :], now)
                 launch = (
                     Launch(
                         job_id=job.id,
                         spec=dict(job.spec),
-                        workers=smaller,
+                        workers=after,
                         spb={},
                         start_iteration=job.iterations_done,
                         lease_iterations=self._settings.lease_iterations,
                         attempt=attempt,
                         global_batch=resize.global_batch,
                     )
-                    if smaller is not None
+                    if after is not None
                     else None
                 )
             pending = PendingResize(resize, from_workers=len(gang))
-            if launch is not None and self._shrinks(launch):
+            if launch is not None and self._asked_in_place(launch):
                 kept = tuple(worker.gpu_id for worker in launch.workers)
                 pending = replace(pending, resize=replace(resize, gpu_ids=kept), mechanism=IN_PLACE)
             else:
@@ -750,21 +756,32 @@ class SchedulerService:
                 mechanism=pending.mechanism,
             )
 
-    def _shrinks(self, launch: Launch) -> bool:
-        """Whether the dispatcher asked the job to shrink in place."""
+    @staticmethod
+    def _in_place(
+        session: Session, gang: tuple[Worker, ...], resize: Resize
+    ) -> tuple[Worker, ...] | None:
+        """The gang `resize` leaves when done in place, a growth's GPUs free; else None."""
+        held = {worker.gpu_id for worker in gang}
+        added = [gpu_id for gpu_id in resize.gpu_ids if gpu_id not in held]
+        joiners = resize_models.free_workers(session, added) if added else ()
+        return in_place(gang, resize, joiners) if joiners is not None else None
+
+    def _asked_in_place(self, launch: Launch) -> bool:
+        """Whether the dispatcher asked the job to resize in place."""
         try:
-            return self._dispatcher.shrink(launch)
+            return self._dispatcher.resize_in_place(launch)
         except Exception:
             logger.exception(
-                "asking job %d to shrink in place failed: resizing it by a restart",
+                "asking job %d to resize in place failed: resizing it by a restart",
                 launch.job_id,
                 extra={"job_id": launch.job_id},
             )
             return False
 
     def _shrunk(self, session: Session, job: Job, report: Report, now: datetime) -> None:
-        """Apply an in-place shrink: the GPUs left are free, and the cost of one this
-        leader asked is measured once the smaller gang reports (`_measure_resizes`)."""
+        """Apply an in-place resize: the GPUs left are free (a growth's were held from
+        the ask), and the cost of one this leader asked is measured once the new gang
+        reports (`_measure_resizes`)."""
         changed = resize_models.shrink(session, job.id, report.node, report.ranks, now)
         pending = self._resizing.pop(job.id, None)
         if changed is None:
@@ -779,7 +796,10 @@ class SchedulerService:
         held, kept = changed
         if pending is not None:  # asked by this leader: its boundary is known
             self._measuring[job.id] = PendingResize(
-                replace(pending.resize, gpu_ids=kept), held, report.iterations_done, IN_PLACE
+                replace(pending.resize, gpu_ids=kept),
+                pending.from_workers,
+                report.iterations_done,
+                IN_PLACE,
             )
 
     def _relaunch_resized(self, now: datetime) -> int:

@@ -2,11 +2,13 @@
 on the new gang.
 
 A shrink to some of the GPUs of a gang on one node that keeps its rank 0's GPU happens
-in place (`in_place`), and so does an adaptive job's rebatch (the same GPUs, another
-global batch): the dispatcher asks the agent, whose ranks checkpoint at the boundary
-and go on in the same processes (at the new batch), or leave; its SHRUNK report gives
-back the GPUs left and the cost is measured as below. Every other resize, and one the
-agent cannot do in place (it suspends the job instead), is a restart.
+in place (`in_place`), and so do a growth onto free GPUs of that node and an adaptive
+job's rebatch (the same GPUs, another global batch): the dispatcher asks the agent,
+whose ranks checkpoint at the boundary and go on in the same processes (at the new
+size or batch), or leave, while a growth's new ranks start and resume from that
+checkpoint; its SHRUNK report gives back the GPUs left (a growth's new GPUs are held
+from the ask) and the cost is measured as below. Every other resize, and one the agent
+cannot do in place (it suspends the job instead), is a restart.
 
 The loop applies a restart in three steps across rounds (`SchedulerService`):
 it asks the job's processes to suspend, keeping the job RUNNING on its old GPUs (a
@@ -18,9 +20,9 @@ resizes live in the leader's memory: after a failover a job still running is ask
 nothing more, and one already checkpointed is requeued (as a drained node's jobs are)
 and placed again by the policy.
 
-Checkpoint-restart always works (ranks that move, a rank that fails to start, crash
+Checkpoint-restart always works (ranks that move, ranks on several nodes, crash
 recovery); in place, measured cheaper (docs/results/resize-mechanism.md), is the fast
-path where the ranks that stay keep their GPUs and no rank joins.
+path where the ranks that stay keep their GPUs on their one node.
 """
 
 from __future__ import annotations
@@ -45,20 +47,28 @@ class PendingResize:
     mechanism: str = RESTART
 
 
-def in_place(gang: tuple[Worker, ...], resize: Resize) -> tuple[Worker, ...] | None:
-    """The new gang, its ranks in the order they had, when `resize` shrinks `gang` (by
-    rank) to some of its GPUs on its one node, its rank 0's among them, or keeps them all
-    with a new global batch (an adaptive job's rebatch); else None."""
+def in_place(
+    gang: tuple[Worker, ...], resize: Resize, joiners: tuple[Worker, ...] = ()
+) -> tuple[Worker, ...] | None:
+    """The new gang when `resize` changes `gang` (by rank) on its one node in place: to
+    some of its GPUs, its rank 0's among them, or to all of them with a new global batch
+    (an adaptive job's rebatch), its ranks in the order they had; or to all of them and
+    `joiners` (free GPUs of that node, the resize's others), which take the next ranks.
+    Else None."""
     new, held = set(resize.gpu_ids), {worker.gpu_id for worker in gang}
+    added = {worker.gpu_id for worker in joiners}
     if (
         not gang
-        or len({worker.node_name for worker in gang}) != 1
+        or len({worker.node_name for worker in gang + joiners}) != 1
         or gang[0].gpu_id not in new
-        or not (new < held or (new == held and resize.global_batch))
         or len(new) != len(resize.gpu_ids)
+        or added & held
+        or not (
+            new < held or (new == held and resize.global_batch) or (added and new == held | added)
+        )
     ):
         return None
-    kept = [worker for worker in gang if worker.gpu_id in new]
+    kept = [worker for worker in gang if worker.gpu_id in new] + list(joiners)
     return tuple(replace(worker, rank=rank) for rank, worker in enumerate(kept))
 
 

@@ -481,8 +481,8 @@ def test_an_in_place_shrink_round_trip(endpoint: Endpoint) -> None:
     with _running(endpoint, {0: 0, 1: 1}) as (job_id, stream):
         full = launch(endpoint, job_id, start_iteration=7)
         smaller = replace(full, workers=full.workers[:1])
-        assert not endpoint.dispatcher.shrink(replace(smaller, attempt=2))  # not the run's
-        assert endpoint.dispatcher.shrink(smaller)
+        assert not endpoint.dispatcher.resize_in_place(replace(smaller, attempt=2))  # not the run's
+        assert endpoint.dispatcher.resize_in_place(smaller)
         command = stream.commands.get(timeout=10)
         assert command.WhichOneof("command") == "shrink"
         sent = command.shrink.launch

@@ -387,6 +387,16 @@ def _elastic(job_id: int, checkpoints: Path, **fields: Any) -> agent_pb2.LaunchC
     return _launch(job_id, spec=spec, checkpoint_dir=str(checkpoints), attempt=4, **fields)
 
 
+def _records_past(supervisor: Supervisor, earlier: list[Outbound], boundary: int) -> list[Any]:
+    """The job's iteration records in `earlier` and on until a few past `boundary`: every
+    iteration once, in order, the job not having exited."""
+    after = _until(supervisor, lambda m: _is_report(m) and m.records[-1].iteration > boundary + 2)
+    assert not any(isinstance(m, agent_pb2.JobExit) for m in earlier + after)
+    records = [r for m in earlier + after if _is_report(m) for r in m.records]
+    assert [r.iteration for r in records] == list(range(1, records[-1].iteration + 1))
+    return records
+
+
 def _gone_soon(pid: int) -> None:
     deadline = time.monotonic() + _MESSAGE_TIMEOUT_SECONDS
     while time.monotonic() < deadline:
@@ -411,7 +421,7 @@ def test_a_job_shrinks_in_place_in_the_same_process_and_frees_the_gpu_it_left(
     smaller.CopyFrom(launch)
     del smaller.ranks[1:]
     smaller.world_size, smaller.master_port = 1, free_port()
-    supervisor.shrink(wire.job_launch(smaller, supervisor.node))
+    supervisor.resize_in_place(wire.job_launch(smaller, supervisor.node))
     seen = _until(supervisor, lambda m: isinstance(m, agent_pb2.JobShrunk))
     shrunk = seen[-1]
     assert isinstance(shrunk, agent_pb2.JobShrunk)
@@ -421,16 +431,9 @@ def test_a_job_shrinks_in_place_in_the_same_process_and_frees_the_gpu_it_left(
     _gone_soon(pids[1])
 
     # It trains on from the checkpoint of the boundary, one worker, in the same process.
-    after = _until(
-        supervisor,
-        lambda m: _is_report(m) and m.records[-1].iteration > shrunk.iteration + 2,
-    )
-    records = [r for m in before + seen + after if _is_report(m) for r in m.records]
-    iterations = [r.iteration for r in records]
-    assert iterations == list(range(1, iterations[-1] + 1))
+    records = _records_past(supervisor, before + seen, shrunk.iteration)
     assert {r.workers for r in records if r.iteration > shrunk.iteration} == {1}
     assert {r.workers for r in records if r.iteration <= shrunk.iteration} == {2}
-    assert not any(isinstance(m, agent_pb2.JobExit) for m in seen + after)
     state = torch.load(tmp_path / "checkpoints" / CHECKPOINT_FILE, weights_only=True)
     assert state["iteration"] == shrunk.iteration
     log = (tmp_path / "agent/job-8/rank-0.log").read_text()
@@ -444,6 +447,39 @@ def test_a_job_shrinks_in_place_in_the_same_process_and_frees_the_gpu_it_left(
     _, end = _until_exit(supervisor, 8)
     assert (end.outcome, end.exit_code, end.attempt) == (agent_pb2.OUTCOME_SUSPENDED, 3, 4)
     _assert_gone(pids)
+
+
+def test_a_job_grows_in_place_keeping_its_process_and_its_joiner_resumes_at_the_boundary(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    """1 rank becomes 2 on this node: rank 0 checkpoints at the boundary and goes on in
+    its process; the new rank starts only then and resumes from that checkpoint."""
+    launch = _elastic(12, tmp_path / "checkpoints", ranks=((0, 0),), world_size=1)
+    _start(supervisor, launch)
+    pids = supervisor.pids(12)
+    before = _until(supervisor, _is_report)
+
+    larger = agent_pb2.LaunchCommand()
+    larger.CopyFrom(launch)
+    larger.ranks.add(rank=1, gpu_index=1)
+    larger.world_size, larger.master_port = 2, free_port()
+    supervisor.resize_in_place(wire.job_launch(larger, supervisor.node))
+    seen = _until(supervisor, lambda m: isinstance(m, agent_pb2.JobShrunk))
+    grown = seen[-1]
+    assert isinstance(grown, agent_pb2.JobShrunk)
+    assert [(a.rank, a.gpu_index) for a in grown.ranks] == [(0, 0), (1, 1)]
+    now = supervisor.pids(12)
+    assert supervisor.runs() == {12: (4, {0: 0, 1: 1})} and now[0] == pids[0]
+
+    records = _records_past(supervisor, before + seen, grown.iteration)
+    assert {r.workers for r in records if r.iteration <= grown.iteration} == {1}
+    assert {r.workers for r in records if r.iteration > grown.iteration} == {2}
+    log = (tmp_path / "agent/job-12/rank-1.log").read_text()
+    assert f"resumed from the checkpoint at iteration {grown.iteration}" in log
+    supervisor.suspend(12)
+    _, end = _until_exit(supervisor, 12)
+    assert (end.outcome, end.attempt) == (agent_pb2.OUTCOME_SUSPENDED, 4)
+    _assert_gone(now)
 
 
 def test_an_adaptive_job_changes_its_batch_in_place_in_the_same_processes(
@@ -461,23 +497,17 @@ def test_an_adaptive_job_changes_its_batch_in_place_in_the_same_processes(
     larger = agent_pb2.LaunchCommand()
     larger.CopyFrom(launch)
     larger.global_batch, larger.master_port = 128, free_port()
-    supervisor.shrink(wire.job_launch(larger, supervisor.node))
+    supervisor.resize_in_place(wire.job_launch(larger, supervisor.node))
     seen = _until(supervisor, lambda m: isinstance(m, agent_pb2.JobShrunk))
     rebatched = seen[-1]
     assert isinstance(rebatched, agent_pb2.JobShrunk)
     assert [(a.rank, a.gpu_index) for a in rebatched.ranks] == [(0, 0), (1, 1)]
     assert supervisor.runs() == {11: (2, {0: 0, 1: 1})} and supervisor.pids(11) == pids
 
-    after = _until(
-        supervisor,
-        lambda m: _is_report(m) and m.records[-1].iteration > rebatched.iteration + 2,
-    )
-    records = [r for m in before + seen + after if _is_report(m) for r in m.records]
-    assert [r.iteration for r in records] == list(range(1, records[-1].iteration + 1))
+    records = _records_past(supervisor, before + seen, rebatched.iteration)
     assert {r.batch_size for r in records if r.iteration <= rebatched.iteration} == {64}
     assert {r.batch_size for r in records if r.iteration > rebatched.iteration} == {128}
     assert {r.workers for r in records} == {2}
-    assert not any(isinstance(m, agent_pb2.JobExit) for m in seen + after)
     supervisor.suspend(11)
     _, end = _until_exit(supervisor, 11)
     assert end.outcome == agent_pb2.OUTCOME_SUSPENDED
@@ -496,7 +526,7 @@ def test_a_shrink_that_cannot_happen_in_place_suspends_the_job(
     del elsewhere.ranks[:]
     elsewhere.ranks.add(rank=0, gpu_index=1)
     elsewhere.world_size = 1
-    supervisor.shrink(wire.job_launch(elsewhere, supervisor.node))
+    supervisor.resize_in_place(wire.job_launch(elsewhere, supervisor.node))
     seen, end = _until_exit(supervisor, 10)
     assert end.outcome == agent_pb2.OUTCOME_SUSPENDED
     assert not any(isinstance(m, agent_pb2.JobShrunk) for m in seen)

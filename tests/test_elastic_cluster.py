@@ -2,8 +2,9 @@
 
 An elastic job on both GPUs of a node shrinks to one at a boundary when a second job
 arrives, in place (its rank 0 trains on in the same process from the boundary's
-checkpoint, rank 1 exits and frees its GPU for the newcomer), and grows back once the
-second job is done, checkpointing and restarting on the new gang; each resize is stored
+checkpoint, rank 1 exits and frees its GPU for the newcomer), and grows back in place
+once the second job is done (rank 0 again goes on in its process, a new rank 1 starts
+from the boundary's checkpoint); each resize is stored
 as a `resized` event with its mechanism and measured cost, the job resumes at the very
 boundary it checkpointed at, and both jobs succeed. Under JigSaw an adaptive job's
 batch changes where it runs, in place, as its measured goodput says.
@@ -61,7 +62,7 @@ def test_an_elastic_job_shrinks_for_a_newcomer_and_grows_back(tmp_path: Path) ->
         resized = [e["data"] for e in events if e["kind"] == "resized"]
         assert [(r["from_workers"], r["to_workers"], r["mechanism"]) for r in resized][:2] == [
             (2, 1, "in-place"),
-            (1, 2, "checkpoint-restart"),
+            (1, 2, "in-place"),
         ]
         assert all(r["seconds"] > 0 for r in resized)
         # Each new gang resumed at the boundary the old one checkpointed at.

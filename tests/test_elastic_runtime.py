@@ -112,6 +112,30 @@ def test_a_job_shrunk_in_place_goes_on_in_the_same_processes_and_ends_as_an_unre
     _assert_same_state(_state(straight[0]), _state(tmp_path))
 
 
+def test_a_job_grown_in_place_keeps_its_process_and_ends_as_an_unresized_run(
+    tmp_path: Path, straight: tuple[Path, list[IterationRecord]]
+) -> None:
+    """1 rank at iteration 5 becomes 2 without a restart: rank 0 checkpoints, leaves its
+    group and forms the larger one (a new port) in the same process; the joiner, started
+    beside it, waits at that rendezvous until then and resumes from the boundary's
+    checkpoint, as a restarted rank would."""
+    configs = worker_configs(1, checkpoint_dir=tmp_path, attempt=1, **_FIELDS)
+    larger = worker_configs(2, checkpoint_dir=tmp_path, attempt=1, **_FIELDS)
+    controllers = run_gang(
+        [configs[0], larger[1]],
+        [LocalController(shrink_at=RESIZE_AT, shrink_to=larger[0]), LocalController()],
+    )
+    outcomes = [c.status.outcome if c.status is not None else None for c in controllers]
+    assert outcomes == [Outcome.SUCCEEDED, Outcome.SUCCEEDED]
+    assert controllers[0].shrunk_at == RESIZE_AT
+    records = controllers[0].records
+    # No iteration lost or repeated, one process throughout for rank 0.
+    assert [r.iteration for r in records] == list(range(1, ITERATIONS + 1))
+    assert [r.workers for r in records] == [1] * RESIZE_AT + [2] * (ITERATIONS - RESIZE_AT)
+    assert {r.batch_size for r in records} == {64}
+    _assert_same_state(_state(straight[0]), _state(tmp_path))
+
+
 def test_another_global_batch_would_be_seen(
     tmp_path: Path, straight: tuple[Path, list[IterationRecord]]
 ) -> None:

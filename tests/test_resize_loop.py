@@ -1,7 +1,8 @@
 """A plan's Resize through the real loop and database (simulated dispatcher): the job
 checkpoints at its boundary, is relaunched on the new gang with a `resized` event, and
 resizes that cannot be done are refused; a shrink to some of a one-node gang's GPUs is
-asked in place and its SHRUNK report frees the GPUs left; a resize a failed-over leader
+asked in place and its SHRUNK report frees the GPUs left, a growth onto free GPUs of its
+node holds them from the ask; a resize a failed-over leader
 forgot is requeued, not stranded."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import JobSpec
 from scheduler.core.plan import Plan, Resize
+from scheduler.core.rounds import RoundResult
 from scheduler.core.snapshot import ClusterSnapshot
 from scheduler.core.states import JobState, SuspendedBy
 from scheduler.db import session_factory, transaction
@@ -29,7 +31,7 @@ from scheduler.dispatch import (
 from scheduler.loop import SchedulerService
 from scheduler.models.jobs import submit
 from scheduler.models.users import Principal, get_or_create_user
-from scheduler.orm import GPU, IterationMetric, Job
+from scheduler.orm import GPU, Allocation, IterationMetric, Job
 from scheduler.policies import POLICIES, fifo
 from scheduler.resize import in_place
 from scheduler.settings import SchedulerSettings
@@ -151,7 +153,7 @@ class Shrinking(SimulatedDispatcher):
         self.shrinks: list[Launch] = []
         self.pending: list[Report] = []
 
-    def shrink(self, launch: Launch) -> bool:
+    def resize_in_place(self, launch: Launch) -> bool:
         self.shrinks.append(launch)
         return True
 
@@ -199,6 +201,65 @@ def test_a_shrink_on_one_node_is_asked_in_place_and_its_report_frees_the_gpus_le
     # A report of GPUs it does not hold changes nothing.
     dispatcher.pending.append(Report(job_id, 40, RunOutcome.SHRUNK, "shrank", node="a", ranks=(2,)))
     loop.run_round(T0 + timedelta(seconds=6))
+    assert held_gpus(factory, job_id) == [("a", 0)]
+
+
+def _grown_to_both_gpus(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, jobs: int
+) -> tuple[Shrinking, list[int], RoundResult, SchedulerService, list[Resize]]:
+    """`jobs` one-GPU elastic jobs placed on node "a" of 2 GPUs, then the first asked to
+    grow onto both: the dispatcher, the jobs, the round's decisions, the loop and the
+    resizes the policy asks."""
+    dispatcher = Shrinking()
+    add_nodes(factory, {"a": 2})
+    ids = [_elastic_job(factory, workers=1) for _ in range(jobs)]
+    wanted = _resizing(monkeypatch)
+    loop = SchedulerService(factory, dispatcher, SETTINGS, policy_name="resizing")
+    loop.run_round(T0)
+    assert held_gpus(factory, ids[0]) == [("a", 0)]
+    wanted[:] = [Resize(ids[0], tuple(_gpu_ids(factory)))]
+    return dispatcher, ids, loop.run_round(T0 + timedelta(seconds=2)), loop, wanted
+
+
+def test_a_growth_on_its_node_is_asked_in_place_holding_the_new_gpus_from_the_ask(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dispatcher, [job_id], asked, loop, wanted = _grown_to_both_gpus(factory, monkeypatch, 1)
+    [decision] = asked.decisions
+    assert (decision.kind, decision.detail["mechanism"]) == ("resize", "in-place")
+    [launch] = dispatcher.shrinks
+    assert [(w.rank, w.gpu_index) for w in launch.workers] == [(0, 0), (1, 1)]
+    # Its new GPU is its own at once: no other job is placed there meanwhile.
+    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+    with factory() as session:
+        ranks = session.execute(
+            select(Allocation.rank, Allocation.attempt)
+            .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+            .order_by(Allocation.rank)
+        ).all()
+    assert [tuple(row) for row in ranks] == [(0, 1), (1, 1)]
+
+    wanted.clear()
+    dispatcher.pending.append(Report(job_id, 30, RunOutcome.SHRUNK, "grew", node="a", ranks=(0, 1)))
+    with transaction(factory) as session:
+        for iteration, seconds in ((30, 4.0), (31, 5.0)):
+            session.add(IterationMetric(job_id=job_id, iteration=iteration, step_seconds=0.1,
+                                        reported_at=T0 + timedelta(seconds=seconds)))  # fmt: skip
+    loop.run_round(T0 + timedelta(seconds=5))
+    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+    [event] = events(factory, "resized")
+    assert (event.data["from_workers"], event.data["to_workers"]) == (1, 2)
+    assert (event.data["mechanism"], event.data["seconds"]) == ("in-place", 1.0)
+
+
+def test_a_growth_onto_a_gpu_another_job_holds_is_a_restart(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dispatcher, [job_id, other], asked, _, _ = _grown_to_both_gpus(factory, monkeypatch, 2)
+    assert held_gpus(factory, other) == [("a", 1)]
+    [decision] = asked.decisions
+    assert decision.detail["mechanism"] == "checkpoint-restart"
+    assert dispatcher.shrinks == [] and dispatcher.commands[-1] == Command("suspend", job_id)
     assert held_gpus(factory, job_id) == [("a", 0)]
 
 
@@ -263,7 +324,7 @@ def _worker(rank: int, gpu_id: int, node: str = "a") -> Worker:
         # Rank 3's GPU kept with rank 0's: renumbered 1, the ranks' order kept.
         ((1, 2, 3, 4), (4, 1), ((0, 1), (1, 4))),
         ((1, 2, 3, 4), (2, 3), None),  # rank 0's GPU dropped
-        ((1, 2), (1, 2, 5), None),  # a growth
+        ((1, 2), (1, 2, 5), None),  # a growth whose new GPU is not free
         ((1, 2), (1, 5), None),  # a move to another GPU
         ((1, 2), (2, 1), None),  # the same GPUs
     ],
@@ -274,6 +335,14 @@ def test_a_resize_is_in_place_only_as_a_shrink_to_some_gpus_keeping_rank_0s(
     workers = tuple(_worker(rank, gpu) for rank, gpu in enumerate(gang))
     found = in_place(workers, Resize(7, gpu_ids))
     assert (None if found is None else tuple((w.rank, w.gpu_id) for w in found)) == smaller
+
+
+def test_a_growth_onto_free_gpus_of_its_node_is_in_place_and_they_take_the_next_ranks() -> None:
+    workers = (_worker(0, 1), _worker(1, 2))
+    found = in_place(workers, Resize(7, (5, 1, 2)), (_worker(0, 5),))
+    assert found is not None and [(w.rank, w.gpu_id) for w in found] == [(0, 1), (1, 2), (2, 5)]
+    assert in_place(workers, Resize(7, (1, 15, 2)), (_worker(0, 15, "b"),)) is None
+    assert in_place(workers, Resize(7, (1, 5)), (_worker(0, 5),)) is None  # and a GPU left
 
 
 def test_a_rebatch_on_the_same_gpus_is_in_place_and_keeps_the_ranks() -> None:

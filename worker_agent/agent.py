@@ -321,7 +321,7 @@ def _dispatch(
         command = message.shrink.launch
         # The ranks that go on imported the job's code when they started.
         code_dir = supervisor.job_dir(command.job_id) / CODE_DIR_NAME if command.spec.code else None
-        supervisor.shrink(wire.job_launch(command, supervisor.node, code_dir))
+        supervisor.resize_in_place(wire.job_launch(command, supervisor.node, code_dir))
     else:
         logger.warning("unknown command from the scheduler (newer protocol?): %s", kind)
 

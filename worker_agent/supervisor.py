@@ -7,11 +7,14 @@ evaluations, output lines and process exits into events on `outbound`
 (`jobs.JobEvent`: one `JobEnded` per job, last), which `wire` makes messages for the
 scheduler. It knows neither gRPC nor the protocol's messages.
 
-A job whose every rank runs here may shrink in place (`shrink`): at its next boundary
-each rank checkpoints and says "shrunk"; the ranks on the new gang's GPUs are given their
-configuration in it (renumbered, the same GPU) and train on in the same processes, the
-others exit (`Outcome.LEFT`); `Shrunk` tells the scheduler once they have, so that
-their GPUs go to other jobs only when free. A "shrink" to all of its GPUs changes an
+A job whose every rank runs here may be resized in place (`resize_in_place`): at its next
+boundary each rank checkpoints and says "shrunk"; the ranks on the new gang's GPUs are
+given their configuration in it (renumbered, the same GPU) and train on in the same
+processes, the others exit (`Outcome.LEFT`); `Shrunk` tells the scheduler once they
+have, so that their GPUs go to other jobs only when free. A resize to more GPUs of this
+node grows the job so: once every rank has checkpointed, the new GPUs' ranks (joiners)
+start and resume from that checkpoint, as a restart's ranks do, while the others wait
+for them at the new gang's rendezvous. A "shrink" to all of its GPUs changes an
 adaptive job's global batch in place (a rebatch): nobody leaves.
 
 A job never has two runs here, and a launch older than an attempt seen here never
@@ -28,7 +31,7 @@ import re
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -86,7 +89,7 @@ class NoRoom(LaunchError):
 
 @dataclass(eq=False)
 class _Rank:
-    rank: int  # now (an in-place shrink renumbers the ranks that stay)
+    rank: int  # now (an in-place resize renumbers the ranks that stay)
     process: subprocess.Popen[bytes]
     log_path: Path
     gpu_index: int
@@ -108,13 +111,15 @@ class _Job:
     world_size: int  # of the whole gang, on every node
     checkpointed: bool  # the launch has a checkpoint directory
     ranks: dict[int, _Rank] = field(default_factory=dict)  # the run's, by rank now
-    # Every process the run started, by the rank it was started as: those an in-place
+    # Every process the run started, in the order it was started: those an in-place
     # shrink dropped stay here (not in `ranks`) until they have exited.
     started: dict[int, _Rank] = field(default_factory=dict)
-    # An in-place shrink under way: each rank's configuration in the smaller gang (None:
-    # it leaves), by rank now, and the ranks that have been answered.
+    # An in-place resize under way: each rank's configuration in the new gang (None: it
+    # leaves), by rank now, and the ranks that have been answered; then the joiners'
+    # (a growth's new ranks, by GPU index), started once every rank has been answered.
     shrink: dict[int, WorkerConfig | None] | None = None
     shrunk: dict[int, int] = field(default_factory=dict)  # rank now -> rank after
+    joiners: dict[int, WorkerConfig] = field(default_factory=dict)
     resumed: bool = False  # its rank 0 goes on after a shrink and has not reported yet
     # A shrink all ranks were answered for, told once the ranks that left have exited
     # (the scheduler gives their GPUs to other jobs then).
@@ -241,7 +246,7 @@ class Supervisor:
             try:
                 if launch.problem is not None:
                     raise LaunchError(launch.problem)
-                self._check_room(launch)
+                self._check_room(set(launch.gpus.values()), launch.memory_bytes)
                 self._prepare_checkpoint_dir(launch.configs[0].checkpoint_dir)
             except NoRoom as exc:
                 logger.warning("job %d: launch refused: %s", job_id, exc, extra={"job_id": job_id})
@@ -264,8 +269,7 @@ class Supervisor:
                 checkpointed=first.checkpoint_dir is not None,
             )
             self._jobs[job.job_id] = job
-            configs = [self._shared(config, launch.gpus[config.rank]) for config in launch.configs]
-            self._spawn(job, configs, launch.gpus)
+            self._spawn(job, launch.configs, launch.gpus)
 
     def stop(self, job_id: int, reason: str = "") -> None:
         """End the job's processes: SIGTERM now, SIGKILL after the grace period."""
@@ -303,37 +307,51 @@ class Supervisor:
             job.action = Action.SUSPEND
         self._tell_rank0(job)
 
-    def shrink(self, launch: JobLaunch) -> None:
-        """Shrink the job in place at its next boundary to `launch`'s ranks: a launch of
-        its running attempt on GPUs its ranks hold (some, or all at another batch), rank
-        0 on rank 0's. A job that
-        cannot shrink so (ranks on other nodes, another attempt, a command under way) is
-        suspended instead: its checkpoint lets the scheduler restart it on the new gang."""
+    def resize_in_place(self, launch: JobLaunch) -> None:
+        """Resize the job in place at its next boundary to `launch`'s ranks: a launch of
+        its running attempt on some of the GPUs its ranks hold, or all of them (at another
+        batch, or with more GPUs of this node: a growth), rank 0 on rank 0's. A job that
+        cannot be resized so (ranks on other nodes, another attempt, a command under way,
+        no room on a new GPU) is suspended instead: its checkpoint lets the scheduler
+        restart it on the new gang."""
         with self._lock:
-            job = self._running(launch.job_id, "shrink")
+            job = self._running(launch.job_id, "resize in place")
             if job is None:
                 return
-            why = _why_not_in_place(job, launch)
+            why = _why_not_in_place(job, launch, self.node)
             if why is None:
-                config_on = {}
-                for config in launch.configs:
-                    index = launch.gpus[config.rank]  # a GPU the job holds: it counts there
-                    config_on[index] = self._threaded(config, index, len(self._on_gpu(index)))
-                job.shrink = {n: config_on.get(r.gpu_index) for n, r in job.ranks.items()}
+                try:
+                    held = {rank.gpu_index for rank in job.ranks.values()}
+                    self._check_room(set(launch.gpus.values()) - held, launch.memory_bytes)
+                except NoRoom as exc:
+                    why = str(exc)
+            if why is None:
+                config_on = {launch.gpus[config.rank]: config for config in launch.configs}
+                job.shrink = {}
+                for number, rank in job.ranks.items():
+                    config = config_on.pop(rank.gpu_index, None)
+                    job.shrink[number] = (
+                        None  # a GPU the job holds: it counts there
+                        if config is None
+                        else self._threaded(
+                            config, rank.gpu_index, len(self._on_gpu(rank.gpu_index))
+                        )
+                    )
+                job.joiners = config_on
                 job.shrunk = {}
                 job.action = Action.SHRINK
             elif job.action is Action.CONTINUE:
                 job.action = Action.SUSPEND
         if why is None:
             logger.info(
-                "job %d: shrinking in place to ranks on GPUs %s",
+                "job %d: resizing in place to ranks on GPUs %s",
                 job.job_id,
                 sorted(launch.gpus.values()),
                 extra={"job_id": job.job_id},
             )
         else:
             logger.warning(
-                "job %d: cannot shrink in place (%s): suspending it",
+                "job %d: cannot resize in place (%s): suspending it",
                 job.job_id,
                 why,
                 extra={"job_id": job.job_id},
@@ -462,10 +480,11 @@ class Supervisor:
         """A rank's memory on GPU `index`: its cap, or the whole slot without one."""
         return memory_bytes or self.node.slots[index].memory_bytes
 
-    def _check_room(self, launch: JobLaunch) -> None:
-        """NoRoom when a GPU of the launch would hold more jobs than allowed, or more
-        memory than it has, with the jobs already on it (lock held)."""
-        for index in sorted(set(launch.gpus.values())):
+    def _check_room(self, indices: set[int], memory_bytes: int) -> None:
+        """NoRoom when one of these GPUs would hold more jobs than allowed, or more
+        memory than it has, with the jobs already on it, were a job capped at
+        `memory_bytes` placed there (lock held)."""
+        for index in sorted(indices):
             slot = self.node.slots[index]
             there = self._on_gpu(index)
             if len(there) + 1 > self._max_jobs_per_gpu:
@@ -475,7 +494,7 @@ class Supervisor:
                     f"(JIGSAW_AGENT_MAX_JOBS_PER_GPU={self._max_jobs_per_gpu})"
                 )
             held = sum(self._cap(job.memory_bytes, index) for job in there)
-            wanted = self._cap(launch.memory_bytes, index)
+            wanted = self._cap(memory_bytes, index)
             if there and held + wanted > slot.memory_bytes:
                 raise NoRoom(
                     f"GPU {index} has {_gib(slot.memory_bytes - held)} of its "
@@ -534,9 +553,9 @@ class Supervisor:
             ) from exc
 
     def _spawn(
-        self, job: _Job, configs: Sequence[WorkerConfig], gpu_of_rank: dict[int, int]
+        self, job: _Job, configs: Sequence[WorkerConfig], gpu_of_rank: Mapping[int, int]
     ) -> None:
-        """Start the job's ranks (lock held)."""
+        """Start these ranks of the job, each with its share of its GPU (lock held)."""
         directory = self.job_dir(job.job_id)
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
@@ -544,24 +563,27 @@ class Supervisor:
                 os.chmod(directory, JOB_DIR_MODE_SHARED)
             warm = []
             for config in configs:
+                gpu_index = gpu_of_rank[config.rank]
+                config = self._shared(config, gpu_index)
+                started_as = len(job.started)
                 config_path = directory / f"rank-{config.rank}.json"
                 # Written for warm ranks too: what each rank ran with, for diagnostics.
                 self._write_config(config_path, config)
                 log_path = directory / f"rank-{config.rank}.log"
                 # Its watcher, running since it was spawned, ends a warm rank.
-                pooled = self._pool.take_idle(config, partial(self._ended, job, config.rank))
+                pooled = self._pool.take_idle(config, partial(self._ended, job, started_as))
                 process = pooled if pooled is not None else self._pool.spawn(config_path)
-                gpu_index = gpu_of_rank[config.rank]
                 events = _RankEvents(
                     job,
-                    config.rank,
+                    started_as,
                     self._lock,
                     self.outbound,
                     self.node.slots[gpu_index].kind,
                     partial(self._co_runners_since_report, job.job_id, gpu_index),
+                    self._join,
                 )
                 rank = _Rank(config.rank, process, log_path, gpu_index, RankLink(events))
-                job.ranks[config.rank] = job.started[config.rank] = rank
+                job.ranks[config.rank] = job.started[started_as] = rank
                 self._thread(job, rank, self._forward_output)
                 if pooled is None:
                     self._thread(job, rank, self._watch)
@@ -570,7 +592,7 @@ class Supervisor:
             logger.info(
                 "job %d: started ranks %s from iteration %d (warm: %s)",
                 job.job_id,
-                sorted(job.ranks),
+                sorted(config.rank for config in configs),
                 job.iteration,
                 warm,
             )
@@ -582,6 +604,14 @@ class Supervisor:
                 self.outbound.put(_failed_exit(job.job_id, job.failure, job.attempt))
                 return
             _signal_ranks(job, signal.SIGKILL)
+
+    def _join(self, job: _Job) -> None:
+        """Start the joiners of a growth in place, its other ranks answered: each
+        resumes from the boundary's checkpoint (lock held)."""
+        gpu_of_rank = {config.rank: index for index, config in job.joiners.items()}
+        joiners = sorted(job.joiners.values(), key=lambda config: config.rank)
+        job.joiners = {}
+        self._spawn(job, joiners, gpu_of_rank)
 
     def _thread(self, job: _Job, rank: _Rank, target: Callable[[_Job, _Rank], None]) -> None:
         threading.Thread(
@@ -680,11 +710,12 @@ class _RankEvents:
     """What one rank's worker tells, into its job and `outbound` (`channel.RankEvents`)."""
 
     job: _Job
-    started_as: int  # the rank its process was started as (`_Job.started`)
+    started_as: int  # its process's key in `_Job.started`
     lock: threading.Lock  # the supervisor's
     outbound: queue.Queue[JobEvent]
     device_kind: str  # of the rank's GPU slot
     co_runners: Callable[[], int]  # other jobs on its GPU since the last report (lock held)
+    join: Callable[[_Job], None]  # starts a growth's joiners (lock held)
 
     @property
     def rank(self) -> int:
@@ -729,8 +760,10 @@ class _RankEvents:
         self.outbound.put(Profiled(self.job.job_id, workload, self.device_kind, profile))
 
     def shrunk(self, iteration: int) -> WorkerConfig | None:
-        """This rank's configuration after the job's in-place shrink (None: it leaves);
-        once every rank has been answered, the job's ranks are the smaller gang's."""
+        """This rank's configuration after the job's in-place resize (None: it leaves);
+        once every rank has been answered, the job's ranks are the new gang's: those
+        that stay, then a growth's joiners, started now (the boundary's checkpoint is
+        written)."""
         with self.lock:
             job = self.job
             if job.shrink is None or self.rank not in job.shrink:
@@ -747,9 +780,12 @@ class _RankEvents:
                 rank.rank = job.shrunk[number]
                 if rank.rank >= 0:
                     ranks[rank.rank] = rank
-            job.ranks, job.world_size, job.shrink = ranks, len(ranks), None
+            job.ranks, job.shrink = ranks, None
             job.iteration = max(job.iteration, iteration)
-            gpus = {number: rank.gpu_index for number, rank in sorted(ranks.items())}
+            if job.joiners:
+                self.join(job)
+            job.world_size = len(job.ranks)
+            gpus = {number: rank.gpu_index for number, rank in sorted(job.ranks.items())}
             job.announce = Shrunk(job.job_id, job.attempt, iteration, gpus)
             _announce_when_left(job, self.outbound)
         return config
@@ -773,8 +809,8 @@ def _announce_when_left(job: _Job, outbound: queue.Queue[JobEvent]) -> None:
         job.announce = None
 
 
-def _why_not_in_place(job: _Job, launch: JobLaunch) -> str | None:
-    """Why the job cannot shrink in place to `launch`, or None (lock held)."""
+def _why_not_in_place(job: _Job, launch: JobLaunch, node: NodeResources) -> str | None:
+    """Why the job cannot be resized in place to `launch`, or None (lock held)."""
     if launch.problem is not None:
         return launch.problem
     if launch.attempt != job.attempt:
@@ -789,11 +825,14 @@ def _why_not_in_place(job: _Job, launch: JobLaunch) -> str | None:
         return "it has no checkpoint directory"
     held = {rank.gpu_index for rank in job.ranks.values()}
     new = set(launch.gpus.values())
-    if not new or not new <= held or launch.gpus.get(0) != job.ranks[0].gpu_index:
+    if not new or launch.gpus.get(0) != job.ranks[0].gpu_index or not (new <= held or held < new):
         return (
-            f"GPUs {sorted(new)} are not some of its GPUs {sorted(held)} with rank 0 on "
-            f"GPU {job.ranks[0].gpu_index}"
+            f"GPUs {sorted(new)} neither are some of its GPUs {sorted(held)} nor hold them "
+            f"all, with rank 0 on GPU {job.ranks[0].gpu_index}"
         )
+    missing = sorted(new - set(node.slots))
+    if missing:
+        return f"this node has no GPU {missing}"
     return None
 
 

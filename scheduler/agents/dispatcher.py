@@ -368,7 +368,7 @@ class AgentDispatcher:
             memory_bytes=cap,
         )
 
-    def shrink(self, launch: Launch) -> bool:
+    def resize_in_place(self, launch: Launch) -> bool:
         nodes = {worker.node_name for worker in launch.workers}
         node = next(iter(nodes))
         with self._lock:
@@ -383,16 +383,21 @@ class AgentDispatcher:
                 or (launch.job_id, node) in self._stopping | self._suspending
             ):
                 return False
-            # The smaller gang's rendezvous: rank 0's store went with the old group.
+            # The new gang's rendezvous: rank 0's store went with the old group.
             port = self._free_port()
             self._job_ports[launch.job_id] = port
+            held = set(runs[node].ranks.values())
+            instance = runs[node].instance
+        joiners = [w.gpu_id for w in launch.workers if w.gpu_index not in held]
         with transaction(self._factory) as db:
             cap = self._cap(db, launch, node)
+            if joiners:  # a growth: its new ranks are launched to the same agent process
+                bind_run(db, launch.job_id, launch.attempt, joiners, instance_digest(instance), cap)
         assignments = _assignments({w.rank: w.gpu_index for w in launch.workers})
         spec = convert.spec_message(JobSpec.model_validate(launch.spec))
         command = self._launch_command(launch, spec, assignments, port, cap)
         logger.info(
-            "shrink job %d in place on %s to GPUs %s",
+            "resize job %d in place on %s to GPUs %s",
             launch.job_id,
             node,
             [a.gpu_index for a in assignments],

@@ -1,5 +1,6 @@
 """What a resize reads and writes: the gang it runs on and the new one's GPUs, the
-allocations an in-place shrink gives back, and the cost it measured."""
+allocations an in-place growth takes and an in-place shrink gives back, and the cost
+it measured."""
 
 from __future__ import annotations
 
@@ -92,6 +93,33 @@ def shrink(
     for rank, key in enumerate(keys):
         held[key].rank = rank
     return len(held), tuple(held[key].gpu_id for key in keys)
+
+
+def hold(session: Session, job_id: int, joiners: Sequence[Worker], now: datetime) -> None:
+    """The running job also holds the GPUs of a growth in place (`joiners`, ranks and
+    GPUs of the new gang) from now, in its current run's lease and attempt."""
+    if not joiners:
+        return
+    lease = session.scalars(
+        select(Allocation)
+        .where(Allocation.job_id == job_id, Allocation.released_at.is_(None))
+        .order_by(Allocation.rank)
+        .limit(1)
+    ).one()
+    session.add_all(
+        Allocation(
+            job_id=job_id,
+            gpu_id=worker.gpu_id,
+            rank=worker.rank,
+            spb=dict(lease.spb),
+            config_version=lease.config_version,
+            attempt=lease.attempt,
+            lease_start_iteration=lease.lease_start_iteration,
+            lease_iterations=lease.lease_iterations,
+            created_at=now,
+        )
+        for worker in joiners
+    )
 
 
 def record_asked(
