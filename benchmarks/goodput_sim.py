@@ -16,8 +16,8 @@ workloads it holds back, so they are a reference, not the same jobs.
 
 `--by-app` adds where each variant's average JCT goes on each workload, by application
 (`scheduler.sim.metrics.by_application`), from the same runs. `--grow-seconds S` makes
-a growth cost S seconds instead of its restart (`SimOptions.grow_seconds`): what
-growing in place could gain at most, the policy still charging itself the restart.
+a growth in place (onto more GPUs of the job's one node, as the cluster does it) cost
+S seconds instead of its restart, and charges the policy that (`SimOptions.grow_seconds`).
 `--param NAME=VALUE` (repeatable) runs both JigSaw variants with that field of
 `JigsawParams` changed (VALUE in JSON: `--param efficiency_floors=[0.3]`).
 
@@ -261,8 +261,7 @@ def main() -> None:
         "--grow-seconds",
         type=float,
         default=None,
-        help="what a growth costs instead of a 30 s restart (what growing in place "
-        "could save; the policy is charged the restart still)",
+        help="what a growth in place costs (and is charged) instead of a 30 s restart",
     )
     parser.add_argument(
         "--param",

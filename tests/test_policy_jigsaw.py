@@ -493,6 +493,36 @@ def test_a_running_job_near_its_end_grows_when_that_saves_a_share_of_what_it_has
         assert jigsaw.schedule(snap(held, running(1000)), strict) == Plan()
 
 
+def test_a_running_job_grows_where_it_runs_when_it_fits_there() -> None:
+    # On GPU 100 with three more free on its node; node 2 has two free GPUs, the best
+    # fit for a gang of 2, but growing onto its own node is done in place (its process
+    # goes on, rank 0's GPU first).
+    grows = job(1, 1, model(1, 100_000, sizes={2: 0.5}), state=JobState.RUNNING, gpus=(100,))
+    other = job(2, 2, model(2, 100_000), state=JobState.RUNNING, gpus=(200, 201))
+    held = nodes(2, 4, held={100: 1, 200: 2, 201: 2})
+    plan = jigsaw.schedule(snap(held, grows, other))
+    assert [(p.job_id, p.gpu_ids) for p in plan.start] == [(1, (100, 101))]
+    assert plan.suspend == (1,)
+
+
+def test_a_growth_in_place_is_charged_what_growths_in_place_cost() -> None:
+    # 60 s to go on 2 GPUs, 27 s on 4: growing saves 33 s, more than half of what is
+    # left, but not what a 40 s restart costs; growing in place, measured at 2 s, is
+    # worth it where it fits (its own node), not onto another node.
+    def running(grow_seconds: float | None) -> JobView:
+        near_end = model(2, 60, sizes={4: 0.45})
+        view = job(1, 2, near_end, state=JobState.RUNNING, gpus=(100, 101))
+        return replace(view, resize_seconds=40.0, grow_seconds=grow_seconds)
+
+    room = nodes(1, 4, held={100: 1, 101: 1})
+    assert jigsaw.schedule(snap(room, running(None))) == Plan()
+    plan = jigsaw.schedule(snap(room, running(2.0)))
+    assert [(p.job_id, p.gpu_ids) for p in plan.start] == [(1, (100, 101, 102, 103))]
+    elsewhere = nodes(2, 4, held={100: 1, 101: 1, 102: 2, 103: 2})
+    other = job(2, 2, model(2, 100_000), state=JobState.RUNNING, gpus=(102, 103))
+    assert jigsaw.schedule(snap(elsewhere, running(2.0), other)).start == ()
+
+
 def test_a_grown_job_shrinks_back_for_a_newcomer_instead_of_being_suspended() -> None:
     grown = job(
         1,

@@ -117,13 +117,14 @@ def test_the_simulated_store_applies_plans_under_the_state_machine(tmp_path: Pat
 
 
 @pytest.mark.skipif(not POLLUX.is_dir(), reason="the Pollux traces live in ../shared/traces")
-def test_a_growth_costs_what_the_options_say_and_any_other_move_a_restart(
+def test_a_growth_in_place_costs_what_the_options_say_and_any_other_move_a_restart(
     tmp_path: Path,
 ) -> None:
     # A cifar10 job on GPU 0, moved at 60 s (the round a second job's arrival brings;
-    # that one runs once the first is done): onto GPUs 0 and 1 (a growth) or onto GPU 1
-    # alone (not one). The move's setup is the restart's 30 s but for a growth under
-    # `grow_seconds`: the job ends that much sooner.
+    # that one runs once the first is done): onto GPUs 0 and 1 (a growth in place),
+    # onto GPU 1 alone or onto GPUs 1 and 0 (rank 0 moved: restarts). The move's setup is
+    # the restart's 30 s but for a growth in place under `grow_seconds`: the job ends
+    # that much sooner.
     rows = "name,time,application,num_replicas,batch_size\na,0,cifar10,1,128\nb,60,ncf,1,256\n"
     workload = load_workload(write(tmp_path, rows), apps_dir=POLLUX / "apps")
 
@@ -148,6 +149,7 @@ def test_a_growth_costs_what_the_options_say_and_any_other_move_a_restart(
     assert grown is not None and moved is not None
     assert finish((0, 1), 5.0) == pytest.approx(grown - 25.0)
     assert finish((1,), 5.0) == pytest.approx(moved)
+    assert finish((1, 0), 5.0) == pytest.approx(finish((1, 0), None))
 
 
 @pytest.mark.skipif(not POLLUX.is_dir(), reason="the Pollux traces live in ../shared/traces")

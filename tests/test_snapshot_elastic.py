@@ -37,11 +37,15 @@ def ran(
 
 
 def resized(
-    factory: sessionmaker[Session], job_id: int, seconds: float, mechanism: str = RESTART
+    factory: sessionmaker[Session],
+    job_id: int,
+    seconds: float,
+    mechanism: str = RESTART,
+    to_workers: int = 1,
 ) -> None:
     details = {
         "from_workers": 2,
-        "to_workers": 1,
+        "to_workers": to_workers,
         "iteration": 10,
         "seconds": seconds,
         "mechanism": mechanism,
@@ -180,6 +184,20 @@ def test_a_job_s_resize_cost_is_its_own_else_the_cluster_s(
     third = elastic_job(factory)
     costs = {view.id: view.resize_seconds for view in snapshot(factory).jobs}
     assert costs == {first: 15.0, second: 6.0, third: 12.0, fixed: None}
+
+
+def test_a_growth_in_place_costs_what_such_growths_measured(
+    factory: sessionmaker[Session],
+) -> None:
+    add_nodes(factory, {"a": 4})
+    first, second = elastic_job(factory), elastic_job(factory)
+    resized(factory, first, 0.5, IN_PLACE)  # a shrink in place: not a growth
+    resized(factory, first, 30.0, RESTART, to_workers=4)  # a growth by a restart
+    assert {view.grow_seconds for view in snapshot(factory).jobs} == {None}
+    resized(factory, first, 3.0, IN_PLACE, to_workers=4)
+    resized(factory, second, 1.0, IN_PLACE, to_workers=3)
+    costs = {view.id: (view.grow_seconds, view.resize_seconds) for view in snapshot(factory).jobs}
+    assert costs == {first: (3.0, 30.0), second: (1.0, 30.0)}
 
 
 def test_elastic_jobs_cost_the_snapshot_the_same_queries_however_many(

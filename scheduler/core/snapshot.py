@@ -88,6 +88,10 @@ class JobView:
     # `resized` events (its own, else the cluster's recent ones), in the simulator its
     # restart; None: not known, and charged as a start (`start_seconds`).
     resize_seconds: float | None = None
+    # What growing it in place (onto more GPUs of its one node, `scheduler.resize`) is
+    # expected to cost: measured as `resize_seconds` is, from such growths; in the
+    # simulator `SimOptions.grow_seconds`; None: charged as any move.
+    grow_seconds: float | None = None
     # What starting it (again) is expected to cost, from placement to its first iteration:
     # on the cluster the mean of the recent starts measured there; None (the simulator,
     # whose jobs run for hours): charged as nothing in the order.

@@ -180,21 +180,27 @@ def record_resized(
 RECENT_RESIZES = 20  # of any job: what a job that never resized is expected to pay
 
 
-def measured_costs(session: Session, job_ids: Sequence[int]) -> dict[int, float]:
-    """What moving each job (a growth, a move: a restart) is expected to cost, in
-    seconds: the mean of its own restarted resizes, else of the cluster's newest
-    `RECENT_RESIZES` (absent: none measured yet); in-place shrinks, an order of
-    magnitude cheaper, would understate it. Two queries."""
+def measured_costs(
+    session: Session,
+    job_ids: Sequence[int],
+    read: Callable[[Any], float | None] | None = None,
+) -> dict[int, float]:
+    """What moving each job (a move: a restart) is expected to cost, in seconds: the
+    mean of its own restarted resizes, else of the cluster's newest `RECENT_RESIZES`
+    (absent: none measured yet); in-place shrinks, an order of magnitude cheaper, would
+    understate it. With `read=grown_in_place_seconds`, what growing it in place is
+    expected to cost, from those growths alike. Two queries."""
     if not job_ids:
         return {}
+    read = read or _restart_seconds
     own: dict[int, list[float]] = {}
     for job_id, data in session.execute(
         select(Event.job_id, Event.data).where(Event.kind == RESIZED, Event.job_id.in_(job_ids))
     ):
-        seconds = _restart_seconds(data)
+        seconds = read(data)
         if seconds is not None:
             own.setdefault(job_id, []).append(seconds)
-    recent = newest_seconds(session, RESIZED, RECENT_RESIZES, _restart_seconds)
+    recent = newest_seconds(session, RESIZED, RECENT_RESIZES, read)
     costs = {job_id: sum(values) / len(values) for job_id, values in own.items()}
     if recent:
         typical = sum(recent) / len(recent)
@@ -222,6 +228,16 @@ def newest_seconds(
 
 def _restart_seconds(data: Any) -> float | None:
     if isinstance(data, dict) and data.get("mechanism") == IN_PLACE:
+        return None
+    return _seconds(data)
+
+
+def grown_in_place_seconds(data: Any) -> float | None:
+    """The cost a `resized` event measured when it grew its job in place, else None."""
+    if not isinstance(data, dict) or data.get("mechanism") != IN_PLACE:
+        return None
+    before, after = data.get("from_workers"), data.get("to_workers")
+    if not isinstance(before, int) or not isinstance(after, int) or after <= before:
         return None
     return _seconds(data)
 

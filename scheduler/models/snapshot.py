@@ -20,7 +20,7 @@ from scheduler.core.snapshot import (
 )
 from scheduler.core.states import JobState, SuspendedBy
 from scheduler.models.measured import ActiveJob, colocated_slowdowns, job_models
-from scheduler.models.resizes import measured_costs
+from scheduler.models.resizes import grown_in_place_seconds, measured_costs
 from scheduler.models.starts import typical_start_seconds
 from scheduler.orm import GPU, Agent, Allocation, Job, Node
 
@@ -126,7 +126,9 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
     )
     slowdowns = colocated_slowdowns(session, active)
     sizes = {job.id: _sizes(job.spec) for job in rows}
-    costs = measured_costs(session, [job_id for job_id, counts in sizes.items() if counts])
+    elastic = [job_id for job_id, counts in sizes.items() if counts]
+    costs = measured_costs(session, elastic)
+    growth_costs = measured_costs(session, elastic, grown_in_place_seconds)
     start = typical_start_seconds(session)
     jobs = tuple(
         JobView(
@@ -148,6 +150,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             sizes=sizes[job.id],
             queue=str(job.spec.get("queue") or "default"),
             resize_seconds=costs.get(job.id),
+            grow_seconds=growth_costs.get(job.id),
             start_seconds=start,
             memory_cap_bytes=caps.get(job.id),
         )

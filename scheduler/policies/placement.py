@@ -81,6 +81,26 @@ class FreePool:
             self._reset(gpu.node_id, [*self._gpus.get(gpu.node_id, []), gpu])
             self.total += 1
 
+    def fits_around(self, workers: int, held: Sequence[GPUView]) -> bool:
+        """Whether `take_around(workers, held)` would take `workers` GPUs once `held`
+        (not free now) were given back."""
+        nodes = {gpu.node_id for gpu in held}
+        return len(nodes) == 1 and len(self._gpus.get(nodes.pop(), ())) + len(held) >= workers
+
+    def take_around(self, workers: int, kept: Sequence[GPUView]) -> list[GPUView] | None:
+        """`workers` GPUs of the one node of `kept` (free, in their order first, then the
+        node's others by index): a gang grown where it runs, which the cluster does in
+        place; None and take nothing when they are on several nodes or too few."""
+        nodes = {gpu.node_id for gpu in kept}
+        free = self._gpus.get(next(iter(nodes)), []) if len(nodes) == 1 else []
+        ids = {gpu.id for gpu in kept}
+        if len(free) < workers or not ids <= {gpu.id for gpu in free}:
+            return None
+        taken = list(kept) + [gpu for gpu in free if gpu.id not in ids][: workers - len(kept)]
+        self._reset(free[0].node_id, [gpu for gpu in free if gpu not in taken])
+        self.total -= len(taken)
+        return taken
+
     def claim(self, gpus: Sequence[GPUView]) -> None:
         """Take these GPUs out where they are free (a job kept where it runs)."""
         for gpu in gpus:

@@ -76,9 +76,9 @@ class ClusterShape:
 class SimOptions:
     round_seconds: float = 60.0  # one lease
     restart_seconds: float = 30.0  # a (re)started job's setup and checkpoint restore
-    # What a growth costs (a job moved onto more GPUs, all it held among them): None, a
-    # restart like any move; less, what growing in place would (the policy is still
-    # charged the restart: an upper bound on what building it gains).
+    # What a growth in place costs (a job moved onto more GPUs of its one node, all it
+    # held among them, its first GPU first, as the cluster grows a gang in place), as
+    # the policy is charged it too: None, a restart like any move.
     grow_seconds: float | None = None
     gpu: SimGPU = SimGPU.T4  # what step times, utilization and memory are measured on
     sharing: Sharing = Sharing.TIME_SLICING  # how co-located jobs share a GPU
@@ -349,6 +349,7 @@ class Simulator:
             model=record.model,
             max_iterations=record.trace.iterations,
             resize_seconds=self.options.restart_seconds,  # a move is a restart here
+            grow_seconds=self.options.grow_seconds,
         )
         if record.state is not JobState.RUNNING:
             self._views[record.id] = view
@@ -496,7 +497,7 @@ class Simulator:
         plan = checked.plan
         # Resizes run on the live cluster only so far: counted, not silently dropped.
         self.conflicts += len(plan.resize)
-        held = {job_id: set(self._by_id[job_id].gpus) for job_id in plan.suspend}
+        held = {job_id: self._by_id[job_id].gpus for job_id in plan.suspend}
         for job_id in plan.suspend:
             record = self._by_id[job_id]
             self._end(record, now, running)
@@ -527,14 +528,25 @@ class Simulator:
             record.ran_spb = record.ran_spb or spb.resolve(placement.spb) is not None
             record.held_since = now
             setup = self.options.restart_seconds
-            before = held.get(record.id)
-            if self.options.grow_seconds is not None and before and before < set(record.gpus):
+            if self.options.grow_seconds is not None and self._in_place(
+                held.get(record.id, ()), record.gpus
+            ):
                 setup = self.options.grow_seconds
             record.ready_at = now + setup
             if record.first_start is None:
                 record.first_start = now
             self._set_holders(record, add=True)
             running[record.id] = record
+
+    def _in_place(self, before: tuple[int, ...], after: tuple[int, ...]) -> bool:
+        """Whether a move from GPUs `before` to `after` is a growth the cluster does in
+        place (`scheduler.resize.in_place`)."""
+        return (
+            bool(before)
+            and set(before) < set(after)
+            and before[0] == after[0]
+            and len({self._gpu_node[gpu] for gpu in after}) == 1
+        )
 
     def _end(self, record: JobRecord, now: float, running: dict[int, JobRecord]) -> None:
         self._set_holders(record, add=False)

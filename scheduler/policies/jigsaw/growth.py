@@ -105,7 +105,8 @@ def _grow_one(
     move to fewer GPUs on fewer nodes where that is faster. Idle, those GPUs would
     add nothing; a running job not (re)started this round (`fresh`) moves only when
     that saves it `growth.least_saving`, and no less than the move costs it
-    (`resizing.cost`). Whether it grew or moved."""
+    (`resizing.cost`: a growth onto its own node is in place). Whether it grew or
+    moved."""
     held = layout.gpus.get(job.id)
     if held is None or job.model is None or len(job.model.sizes) < 2:
         return False
@@ -113,8 +114,7 @@ def _grow_one(
         return False
     mine = [usable[g] for g in held]
     chosen, soonest = 0, remaining_on(job, len(held), layout.nodes[job.id])
-    if job.id not in fresh:
-        soonest -= max(growth.least_saving(soonest), resizing.cost(job))
+    least = growth.least_saving(soonest)
     widest = growth.widest(job, len(held))
     # A gang spread over more nodes than its size needs may also move to fewer GPUs
     # on fewer nodes (a job grown onto scattered free GPUs stays slow there for hours
@@ -129,6 +129,9 @@ def _grow_one(
         if span is None:
             break
         finish = remaining_on(job, workers, span)
+        if job.id not in fresh:
+            in_place = workers > len(held) and pool.fits_around(workers, mine)
+            finish += max(least, resizing.cost(job, in_place))
         if finish < soonest:
             chosen, soonest = workers, finish
     if not chosen:
@@ -136,7 +139,9 @@ def _grow_one(
     config = layout.config[job.id]
     layout.take(job.id)
     pool.give(mine)
-    placed = pool.take(chosen)
+    # Where it runs when it fits there: a growth in place keeps its processes.
+    placed = pool.take_around(chosen, mine) if chosen > len(mine) else None
+    placed = placed or pool.take(chosen)
     assert placed is not None  # span said it fits
     layout.put(job, tuple(g.id for g in placed), config)
     return True

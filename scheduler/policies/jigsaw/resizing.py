@@ -12,12 +12,14 @@ from scheduler.core.snapshot import JobView
 from scheduler.policies.jigsaw.layout import Layout
 
 
-def cost(job: JobView) -> float:
+def cost(job: JobView, in_place: bool = False) -> float:
     """Seconds a move costs the job (the checkpoint, the restart, the iterations not
-    run meanwhile): measured on the cluster, the restart in the simulator. Before any
-    resize is measured, a start (a resize restarts the gang; charging nothing took a
-    one-minute job's first growth for free, and it paid 20-30 s); 0 when neither is
-    known."""
+    run meanwhile): measured on the cluster, the restart in the simulator; a growth
+    `in_place`, what such growths measured where known. Before any resize is measured,
+    a start (a resize restarts the gang; charging nothing took a one-minute job's first
+    growth for free, and it paid 20-30 s); 0 when neither is known."""
+    if in_place and job.grow_seconds is not None:
+        return job.grow_seconds
     if job.resize_seconds is not None:
         return job.resize_seconds
     return job.start_seconds or 0.0
