@@ -112,11 +112,16 @@ and resume from that checkpoint in the same processes through the runtime's own 
 position and batch split rebuilt from the checkpoint, as a restarted process would),
 the others exit. That pays a rebuild this benchmark's in-place does not (it keeps the
 model in memory), but carries every piece of state a restart carries, through the same
-code: the live cluster measured 0.2 s for a 2 -> 1 shrink against 5.4 s for a cold
-restart and 0.9 s for a warm one in the same run ([elastic.md](elastic.md)). Growth
-stays a restart (its joiners start processes anyway; the warm pool takes most of that),
-as do gangs over several nodes. `resized` events carry `mechanism`; the policy charges
-a growth what restarts cost.
+code: the live cluster measured 0.25 s for a 2 -> 1 shrink against 4.9 s for a cold
+restart and 1.8 s for a warm one in the same run ([elastic.md](elastic.md)). **Built for
+growths on one node** (2026-11-27): the gang's GPUs and free ones of its node, rank 0's
+kept; once every rank has checkpointed, the agent starts the joiners (from its warm pool
+where it has one) and they resume from that checkpoint as a restart's ranks do, while
+the ranks that stay wait for them at the new rendezvous: 0.70-0.72x a cold restart's
+cost and 0.24-0.69x a warm one's, live (the joiners' start is most of it). Gangs over
+several nodes and moves stay restarts. `resized` events carry `mechanism`; the policy
+charges a move what restarts cost and a growth onto the job's own node what growths in
+place cost.
 
 **What in-place needs in the runtime** (for the in-memory variant measured here). A
 boundary decision carrying the new world size, the ranks that leave and a new rendezvous

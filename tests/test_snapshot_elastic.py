@@ -178,7 +178,7 @@ def test_a_job_s_resize_cost_is_its_own_else_the_cluster_s(
     resized(factory, second, 6.0)
     costs = {view.id: view.resize_seconds for view in snapshot(factory).jobs}
     assert costs == {first: 15.0, second: 6.0, fixed: None}
-    # A growth restarts the job: what in-place shrinks cost says nothing of it.
+    # A move restarts the job: what in-place shrinks cost says nothing of it.
     resized(factory, second, 0.5, IN_PLACE)
     resized(factory, second, 0.5, IN_PLACE)
     third = elastic_job(factory)
