@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -127,9 +127,10 @@ def allocate(
     node: str = "node-a",
     attempt: int = 1,
     instance: str = INSTANCE,
+    at: datetime = NOW,
 ) -> None:
-    """What the loop's placement and a launch to agent process `instance` leave in the
-    database: the job's allocations of `attempt` on `node` (rank -> GPU index)."""
+    """What the loop's placement (at `at`) and a launch to agent process `instance` leave
+    in the database: the job's allocations of `attempt` on `node` (rank -> GPU index)."""
     with transaction(endpoint.factory) as session:
         session.get_one(Job, job_id).attempts = attempt
         gpus = dict(
@@ -147,6 +148,7 @@ def allocate(
                 lease_iterations=50,
                 attempt=attempt,
                 agent_instance=instance_digest(instance),
+                created_at=at,
             )
             for rank, index in ranks.items()
         )
@@ -516,6 +518,34 @@ def test_a_shrink_whose_report_was_lost_is_claimed_not_stopped(endpoint: Endpoin
         assert (report.job_id, report.outcome, report.ranks) == (shrunk, RunOutcome.SHRUNK, (0,))
         command = stream.commands.get(timeout=10)
         assert (command.WhichOneof("command"), command.stop.job_id) == ("stop", other)
+    finally:
+        stream.close()
+
+
+def test_a_growth_under_way_is_claimed_as_the_run_it_was_and_its_report_adds_the_ranks(
+    endpoint: Endpoint,
+) -> None:
+    """A scheduler that restarted while a growth in place was asked (the new GPU held
+    since, later than the run's) sees the agent run the ranks it had: the run, not a
+    shrink whose report was lost, and the new GPU stays the job's until the agent's
+    JobShrunk adds it."""
+    endpoint.stub.Register(register_request(gpus=2), metadata=endpoint.auth())
+    growing = add_job(endpoint)
+    allocate(endpoint, growing, {0: 0})
+    allocate(endpoint, growing, {1: 1}, at=NOW + timedelta(seconds=5))
+    stream = Stream(endpoint, hello(running={growing: {0: 0}}))
+    try:
+        _wait(lambda: endpoint.dispatcher.active() == {growing: frozenset({"node-a"})})
+        assert endpoint.dispatcher.poll(NOW) == [] and stream.commands.empty()
+        grown = [pb.RankAssignment(rank=0, gpu_index=0), pb.RankAssignment(rank=1, gpu_index=1)]
+        message = pb.JobShrunk(job_id=growing, attempt=1, iteration=12, ranks=grown)
+        stream.send(pb.AgentMessage(shrunk=message))
+        [report] = _poll(endpoint.dispatcher)
+        assert (report.outcome, report.iterations_done, report.ranks) == (
+            RunOutcome.SHRUNK,
+            12,
+            (0, 1),
+        )
     finally:
         stream.close()
 

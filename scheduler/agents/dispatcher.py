@@ -557,6 +557,11 @@ class AgentDispatcher:
             if attempt != held.attempt:
                 return STALE_ATTEMPT if attempt < held.attempt else NOT_ALLOCATED
             if ranks != held.ranks:
+                if held.joining and ranks == {
+                    rank: index for rank, index in held.ranks.items() if rank not in held.joining
+                }:
+                    # A growth in place under way: its JobShrunk adds the new ranks.
+                    return Run(attempt, ranks, instance, current=True)
                 if not _shrunk_from(held.ranks, ranks):
                     return NOT_ALLOCATED
                 # Shrunk in place, its JobShrunk lost with a stream: the run is what runs.

@@ -192,6 +192,9 @@ class NodeRun:
     attempt: int  # the attempt of the job's active allocations there; 0 when none
     ranks: dict[int, int]  # rank -> GPU index of those allocations
     agent_instance: str | None  # digest of the agent process they were launched to
+    # Ranks allocated after the run's others: a growth in place was asked, which adds
+    # them to the run only once the agent says it is done (`resize.in_place`).
+    joining: frozenset[int] = frozenset()
 
 
 def runs_on_node(session: Session, node_id: int, job_ids: Iterable[int]) -> dict[int, NodeRun]:
@@ -199,8 +202,8 @@ def runs_on_node(session: Session, node_id: int, job_ids: Iterable[int]) -> dict
     ids = set(job_ids)
     if not ids:
         return {}
-    held: dict[int, list[tuple[int, int, int, str | None]]] = {}
-    for job_id, rank, index, attempt, instance, released_at in session.execute(
+    held: dict[int, list[tuple[int, int, int, str | None, datetime]]] = {}
+    for job_id, rank, index, attempt, instance, released_at, created_at in session.execute(
         select(
             Allocation.job_id,
             Allocation.rank,
@@ -208,18 +211,22 @@ def runs_on_node(session: Session, node_id: int, job_ids: Iterable[int]) -> dict
             Allocation.attempt,
             Allocation.agent_instance,
             Allocation.released_at,
+            Allocation.created_at,
         )
         .join(GPU, GPU.id == Allocation.gpu_id)
         .where(GPU.node_id == node_id, Allocation.job_id.in_(ids))
     ):
         active = held.setdefault(job_id, [])
         if released_at is None:
-            active.append((rank, index, attempt, instance))
+            active.append((rank, index, attempt, instance, created_at))
     return {
         job_id: NodeRun(
-            attempt=max((attempt for _, _, attempt, _ in active), default=0),
-            ranks={rank: index for rank, index, _, _ in active},
-            agent_instance=next((instance for *_, instance in active), None),
+            attempt=max((attempt for _, _, attempt, _, _ in active), default=0),
+            ranks={rank: index for rank, index, *_ in active},
+            agent_instance=next((instance for *_, instance, _ in active), None),
+            joining=frozenset(
+                rank for rank, *_, created in active if created > min(c for *_, c in active)
+            ),
         )
         for job_id, active in held.items()
     }
