@@ -48,8 +48,10 @@ over jobs divided by the GPUs. Each round:
    gang-placed on free GPUs; running jobs not admitted keep running where nobody took
    their GPUs. GPUs still free then grow placed jobs, in order, each to the size
    (including more than it asked for) that finishes it soonest on the nodes those
-   GPUs are on (a gang spread over more nodes than its size needs may instead move to
-   fewer GPUs on fewer nodes, where that is faster); a running job only when that saves
+   GPUs are on (or to fewer GPUs where that is faster: a gang spread over more nodes
+   than its size needs gathers on fewer, one measured slower at its size than at a
+   smaller one keeps its first GPUs, in place on the cluster); a running job only when
+   that saves
    it `min_grow_saving` seconds, or `min_grow_share` of its time to go if less (a job
    near its end gains in proportion to what it has left), its restart included. In a
    first pass a job with more than `grow_floor_seconds` to go grows only to sizes at
@@ -92,15 +94,15 @@ least makespan, when pacing, O(C log C) for the C corners of the jobs' cost curv
 completion sum O(J (S + log J)) per floor for S distinct sizes; sizing O(J) (per-job
 choices cached per model); placement O(J + G) for G GPUs; growth O(S x P) per job for S
 sizes and P GPUs per node (how a gang would spread is predicted from free counts per
-node), O(1) per job once no GPU is free (but for gangs spread over nodes); packing O(G
-log G) to rank candidate GPUs once, then O(W) per guest of W workers over at most
-`max_guests` guests per round. Jobs without a speed model (or with one size: on the real
-cluster, every job not `elastic`) are never resized; without a model they are scheduled
-like SRTF by iterations left and are never packed or given SPB. A running job whose spec
-is elastic moves by the plan's `Resize` (`resizing`), growing only for more than its
-measured resize cost. The policy chooses the SPB configuration only of jobs whose spec
-says `auto`: one that says `off` or fixes a configuration runs as its spec says, placed,
-kept or packed."""
+node), O(1) per job once no GPU is free (but for gangs spread over nodes or faster on
+fewer GPUs); packing O(G log G) to rank candidate GPUs once, then O(W) per guest of W
+workers over at most `max_guests` guests per round. Jobs without a speed model (or with
+one size: on the real cluster, every job not `elastic`) are never resized; without a
+model they are scheduled like SRTF by iterations left and are never packed or given SPB.
+A running job whose spec is elastic moves by the plan's `Resize` (`resizing`), growing
+or shrinking to a faster size only for more than its measured resize cost. The policy
+chooses the SPB configuration only of jobs whose spec says `auto`: one that says `off`
+or fixes a configuration runs as its spec says, placed, kept or packed."""
 
 from __future__ import annotations
 

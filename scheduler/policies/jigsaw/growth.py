@@ -15,6 +15,7 @@ from scheduler.policies.jigsaw.speeds import (
     per_gpu_values,
     remaining_on,
     remaining_seconds_at,
+    steps_by_size,
 )
 from scheduler.policies.placement import FreePool
 
@@ -83,8 +84,8 @@ def grow(
         )
         fresh = {*started, *moved}
         for job in order:
-            if pool.total == 0 and not _spread(job, layout, per_node):
-                continue  # nothing to grow into; only a spread gang may still gather
+            if pool.total == 0 and not _may_shrink(job, layout, per_node):
+                continue  # nothing to grow into, and no faster smaller size
             grew = job.id not in guests and _grow_one(job, layout, pool, usable, growth, fresh)
             if grew and job.id not in fresh:
                 moved.append(job.id)
@@ -99,14 +100,16 @@ def _grow_one(
     growth: Growth,
     fresh: set[int],
 ) -> bool:
-    """Grow `job` to the size that finishes it soonest on the nodes the free GPUs are
+    """Move `job` to the size that finishes it soonest on the nodes the free GPUs are
     on (a gang spread thin can be slower than a smaller one on one node), up to
-    `growth.widest`; a gang already spread over more nodes than its size needs may
-    move to fewer GPUs on fewer nodes where that is faster. Idle, those GPUs would
-    add nothing; a running job not (re)started this round (`fresh`) moves only when
-    that saves it `growth.least_saving`, and no less than the move costs it
-    (`resizing.cost`: a growth onto its own node is in place). Whether it grew or
-    moved."""
+    `growth.widest`: more GPUs, or fewer where it is faster on fewer (a gang spread
+    over more nodes than its size needs; one measured slower at its size than at a
+    smaller one, which then keeps its first GPUs: in place on the cluster). Idle, the
+    GPUs it takes would add nothing; a running job not (re)started this round
+    (`fresh`) moves only when that saves it `growth.least_saving`, and no less than
+    the move costs it (`resizing.cost`: a growth onto its own node is in place; a
+    shrink is charged a restart, which it costs where the gang spans nodes). Whether
+    it moved."""
     held = layout.gpus.get(job.id)
     if held is None or job.model is None or len(job.model.sizes) < 2:
         return False
@@ -116,12 +119,8 @@ def _grow_one(
     chosen, soonest = 0, remaining_on(job, len(held), layout.nodes[job.id])
     least = growth.least_saving(soonest)
     widest = growth.widest(job, len(held))
-    # A gang spread over more nodes than its size needs may also move to fewer GPUs
-    # on fewer nodes (a job grown onto scattered free GPUs stays slow there for hours
-    # otherwise); a compact one only grows.
-    spread = _spread(job, layout, growth.per_node)
     for workers in job.model.sizes:
-        if workers == len(held) or (workers < len(held) and not spread):
+        if workers == len(held):
             continue
         if workers > widest:
             break
@@ -139,18 +138,24 @@ def _grow_one(
     config = layout.config[job.id]
     layout.take(job.id)
     pool.give(mine)
-    # Where it runs when it fits there: a growth in place keeps its processes.
-    placed = pool.take_around(chosen, mine) if chosen > len(mine) else None
-    placed = placed or pool.take(chosen)
+    # Where it runs when it fits there (a growth onto its node, a shrink to its
+    # first GPUs): a resize in place keeps its processes.
+    placed = pool.take_around(chosen, mine[:chosen]) or pool.take(chosen)
     assert placed is not None  # span said it fits
     layout.put(job, tuple(g.id for g in placed), config)
     return True
 
 
-def _spread(job: JobView, layout: Layout, per_node: int) -> bool:
-    """Whether the placed job spans more nodes than its size needs."""
+def _may_shrink(job: JobView, layout: Layout, per_node: int) -> bool:
+    """Whether the placed job may be faster on fewer GPUs: it spans more nodes than its
+    size needs, or it is faster at a smaller size (on the fewest nodes)."""
     held = layout.gpus.get(job.id)
-    return held is not None and layout.nodes[job.id] > -(-len(held) // per_node)
+    if held is None or job.model is None:
+        return False
+    if layout.nodes[job.id] > -(-len(held) // per_node):
+        return True
+    steps = steps_by_size(job.model, per_node)
+    return min(steps, key=lambda w: (steps[w], w)) < len(held)
 
 
 def _tail_first(admitted: list[JobView], layout: Layout, tail: set[int]) -> list[JobView]:
