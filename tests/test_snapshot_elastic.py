@@ -1,6 +1,7 @@
 """The live snapshot's model of an elastic or adaptive job: its step times at every size
 it may run, fitted to the sizes it ran; its gradient noise picking an adaptive job's
-batch; the measured cost of resizes. On SQLite and PostgreSQL."""
+batch; the measured cost of resizes; JigSaw shrinking a job to where it measured
+faster. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from jigsaw.jobspec import BatchPolicy, ElasticRange, Hyperparameters
+from scheduler.core.plan import Resize
+from scheduler.core.states import JobState
 from scheduler.db import session_factory, transaction
 from scheduler.models.resizes import IN_PLACE, RESTART, record_resized
 from scheduler.orm import GPU, Allocation, Job
+from scheduler.policies import jigsaw
 from tests.test_scheduler_loop import T0, add_nodes
 from tests.test_snapshot_models import add_job, counted, report, snapshot
 
@@ -218,3 +222,28 @@ def test_elastic_jobs_cost_the_snapshot_the_same_queries_however_many(
         ran(factory, job_id, range(0, 5), workers=2, step=1.0)
         resized(factory, job_id, 5.0)
     assert queries() == few
+
+
+def test_a_job_measured_slower_on_its_gpus_than_on_fewer_is_shrunk_to_rank_0s(
+    factory: sessionmaker[Session],
+) -> None:
+    """Fitted to what it measured, a job that ran slower on 2 GPUs than on 1 (its
+    synchronisation outweighs what the second GPU computes) goes back to one: rank 0's,
+    which the cluster then does in place."""
+    add_nodes(factory, {"a": 4})
+    job_id = elastic_job(factory, max_iterations=100_000)
+    with transaction(factory) as session:
+        gpus = session.scalars(select(GPU.id).order_by(GPU.id)).all()
+        held = (gpus[2], gpus[1])  # rank 0 on the node's third GPU
+        session.add_all(
+            Allocation(job_id=job_id, gpu_id=gpu, rank=rank, lease_iterations=100)
+            for rank, gpu in enumerate(held)
+        )
+        job = session.get(Job, job_id)
+        assert job is not None
+        job.state = JobState.RUNNING.value
+    ran(factory, job_id, range(0, 20), workers=1, step=0.5)
+    ran(factory, job_id, range(20, 40), workers=2, step=1.0)
+    plan = jigsaw.schedule(snapshot(factory))
+    assert plan.resize == (Resize(job_id, (held[0],)),)
+    assert (plan.start, plan.suspend) == ((), ())
