@@ -47,21 +47,20 @@ over jobs divided by the GPUs. Each round:
    suspended. Kept jobs stay where they are; newcomers and moved jobs are
    gang-placed on free GPUs; running jobs not admitted keep running where nobody took
    their GPUs. GPUs still free then grow placed jobs, in order, each to the size
-   (including more than it asked for) that finishes it soonest on the nodes those
-   GPUs are on (or to fewer GPUs where that is faster: a gang spread over more nodes
-   than its size needs gathers on fewer, one measured slower at its size than at a
-   smaller one keeps its first GPUs, in place on the cluster); a running job only when
-   that saves
-   it `min_grow_saving` seconds, or `min_grow_share` of its time to go if less (a job
-   near its end gains in proportion to what it has left), its restart included. In a
-   first pass a job with more than `grow_floor_seconds` to go grows only to sizes at
+   (including more than it asked for) that finishes it soonest on the nodes those GPUs
+   are on (or to fewer GPUs where that is faster: a gang spread over more nodes than its
+   size needs gathers on fewer, one measured slower at its size than at a smaller one
+   keeps its first GPUs, in place on the cluster); a running job only when that saves it
+   `min_grow_saving` seconds, or `min_grow_share` of its time to go if less (a job near
+   its end gains in proportion to what it has left), its restart included. In a first
+   pass a job with more than `grow_floor_seconds` to go grows only to sizes at
    `grow_floor` of its best progress per GPU (it would hold the GPUs for hours), so the
-   jobs behind it grow too; GPUs still idle after that go as fast as they speed jobs
-   up. In the first pass the jobs that need at least `tail_share` of the drain time
-   even at their fastest size (they will still run when the cluster drains) take their
-   turns longest first, so that they finish together instead of the last alone on a
-   cluster it cannot fill. Idle GPUs add nothing, so growth costs nothing until a job
-   ahead needs them back.
+   jobs behind it grow too; GPUs still idle after that go as fast as they speed jobs up.
+   In the first pass the jobs that need at least `tail_share` of the drain time even at
+   their fastest size (they will still run when the cluster drains) take their turns
+   longest first, so that they finish together instead of the last alone on a cluster it
+   cannot fill. Idle GPUs add nothing, so growth costs nothing until a job ahead needs
+   them back.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs

@@ -12,10 +12,10 @@ from scheduler.policies.jigsaw import resizing
 from scheduler.policies.jigsaw.layout import Layout, yields
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.policies.jigsaw.speeds import (
+    fastest_size,
     per_gpu_values,
     remaining_on,
     remaining_seconds_at,
-    steps_by_size,
 )
 from scheduler.policies.placement import FreePool
 
@@ -154,8 +154,7 @@ def _may_shrink(job: JobView, layout: Layout, per_node: int) -> bool:
         return False
     if layout.nodes[job.id] > -(-len(held) // per_node):
         return True
-    steps = steps_by_size(job.model, per_node)
-    return min(steps, key=lambda w: (steps[w], w)) < len(held)
+    return fastest_size(job.model, per_node) < len(held)
 
 
 def _tail_first(admitted: list[JobView], layout: Layout, tail: set[int]) -> list[JobView]:

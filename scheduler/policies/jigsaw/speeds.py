@@ -36,6 +36,13 @@ def curve(model: JobModel, per_node: int) -> Curve:
     return hull((t, w * t) for w, t in steps_by_size(model, per_node).items())
 
 
+@lru_cache(maxsize=_CACHED)
+def fastest_size(model: JobModel, per_node: int) -> int:
+    """The size with the shortest step on the fewest nodes (the fewer GPUs on a tie)."""
+    steps = steps_by_size(model, per_node)
+    return min(steps, key=lambda w: (steps[w], w))
+
+
 def efficient_size(job: JobView, per_node: int, floor: float) -> int:
     """The most GPUs, up to what it asked for and its fastest size, the job runs on at
     no less than `floor` of its best useful progress per GPU (a job that asked for
@@ -51,10 +58,8 @@ def _efficient_size(model: JobModel, asked: int, per_node: int, floor: float) ->
     # Shrink only: sizes above what the job asked for are for growing into idle GPUs.
     # Never wider than its fastest size: GPUs past it slow the job down (an adaptive
     # job's goodput can peak below what it asked for, its batch then too inefficient).
-    steps = steps_by_size(model, per_node)
-    fastest = min(steps, key=lambda w: (steps[w], w))
     values = per_gpu_values(model, per_node)
-    sizes = [w for w in values if w <= min(asked, fastest)]
+    sizes = [w for w in values if w <= min(asked, fastest_size(model, per_node))]
     best = max(values[w] for w in sizes)
     return max(w for w in sizes if values[w] >= floor * best)
 
