@@ -339,12 +339,18 @@ def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() ->
     # at 12,000 s: the long job starts when they are done. No schedule ends before
     # 10,500 s (`scheduler.core.makespan`), which the long job meets only if it starts now,
     # on 5.7 GPUs on average: it is paced on 4 (its largest size below that), the short
-    # jobs share the rest, and it grows to 8 once they are done (10,500 s).
+    # jobs share the rest, and it grows to 8 once they are done (10,500 s). Paced to
+    # 10% past the bound (the default slack), it needs 4.5 on average: 4 still.
     shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]
     batch = snap(nodes(1, 8), _long(1, 20_000), *shorts)
     quiet = replace(batch, last_submitted_at=NOW - timedelta(minutes=61))
-    plan = jigsaw.schedule(quiet)
-    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 1, 3: 1, 4: 1, 5: 1}
+    on_four = {1: 4, 2: 1, 3: 1, 4: 1, 5: 1}
+    for params in (JigsawParams(), JigsawParams(pace_slack=0.0)):
+        plan = jigsaw.schedule(quiet, params)
+        assert {p.job_id: len(p.gpu_ids) for p in plan.start} == on_four
+    # 20% past it (12,600 s), 3.8 on average: it is paced on 2, six short jobs beside.
+    plan = jigsaw.schedule(quiet, JigsawParams(pace_slack=0.2))
+    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2} | {i: 1 for i in range(2, 8)}
     # While jobs are still being submitted, or when the snapshot does not say, shorter
     # jobs first: a stream of them would otherwise wait behind every long job.
     shortest_first = {i: 1 for i in range(2, 10)}

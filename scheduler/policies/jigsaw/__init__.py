@@ -24,9 +24,10 @@ over jobs divided by the GPUs. Each round:
    discounted, not first, it starts ahead of longer queued work, not of short jobs.
    Once no job has been submitted for `pace_after_seconds`, the backlog is all there
    is to finish, and the jobs that cannot finish by the least makespan of all known
-   work (`scheduler.core.makespan`) at their cheapest size are paced: they go first (after
-   priority and starvation), at the width they need to finish by then (`ordering.paced`);
-   only while other jobs wait, since the order and growth then give them the rest.
+   work (`scheduler.core.makespan`) times 1 + `pace_slack` at their cheapest size are
+   paced: they go first (after priority and starvation), at the width they need to
+   finish by then (`ordering.paced`); only while other jobs wait, since the order and
+   growth then give them the rest.
 2. Size and admit in that order while whole GPUs remain (as the preemptive baselines
    do). A job's base size is what it asked for while all requests fit the cluster;
    else the most GPUs it uses at no less than a floor of its best progress per GPU,
@@ -141,7 +142,9 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
     per_node = max((len(node.gpus) for node in snapshot.nodes), default=1)
 
     # 1. Order (and size: the shrink floor whose order and sizes end jobs soonest).
-    paced = ordering.paced(snapshot, jobs, per_node, len(usable), params.pace_after_seconds)
+    paced = ordering.paced(
+        snapshot, jobs, per_node, len(usable), params.pace_after_seconds, params.pace_slack
+    )
     drain = ordering.drain_seconds(jobs, per_node, len(usable))
     # The jobs that will still run when the cluster drains (the last of them ends the
     # workload): they grow longest first and host only each other.

@@ -62,6 +62,7 @@ def paced(
     per_node: int,
     gpus: int,
     pace_after_seconds: float,
+    slack: float,
 ) -> dict[int, int]:
     """The jobs to pace and the GPUs each gets: none until no job has been submitted
     for `pace_after_seconds`, and none once only paced jobs wait.
@@ -71,7 +72,9 @@ def paced(
     start now, beside the short ones, not after them (least GPU-time first would start
     them last, and they would end alone on a cluster they cannot use well). "By then"
     is the least makespan of every known job's remaining work (`scheduler.core.makespan`, a
-    bound no schedule reaches). A paced job runs on the most GPUs (of its sizes) no
+    bound no schedule reaches) times 1 + `slack`: paced to the bound itself, the long
+    jobs hold the most GPUs while short ones wait (docs/results/elastic-sim.md, "Pacing
+    at high load"). A paced job runs on the most GPUs (of its sizes) no
     wider than the width it needs on average to finish by then (its least GPU-seconds
     to do so over that time); narrower, it falls behind, and the bound, computed again
     every round, raises its width until it is moved up. A job that holds a size
@@ -91,7 +94,7 @@ def paced(
     if all(len(job.model.sizes) < 2 for job in modelled if job.model is not None):
         return {}  # none can be resized (the real cluster's jobs, Philly's)
     work = [(curve(job.model, per_node), float(left(job))) for job in modelled if job.model]
-    deadline = shortest_makespan(work, gpus)
+    deadline = shortest_makespan(work, gpus) * (1.0 + slack)
     widths = _widths(modelled, work, deadline)
     if not any(job.waiting and job.id not in widths for job in jobs):
         return {}

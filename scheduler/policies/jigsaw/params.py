@@ -136,6 +136,12 @@ class JigsawParams(BaseModel):
         description="Once no job has been submitted for this long, the jobs that would "
         "set the makespan are paced (inf: never).",
     )
+    pace_slack: float = Field(
+        default=0.1,
+        ge=0.0,
+        description="Paced jobs are paced to finish by the least makespan of all known "
+        "work times 1 + this (0: by the bound itself, which holds the most GPUs).",
+    )
     rebatch_gain: float = Field(
         default=0.1,
         ge=0.0,
