@@ -61,7 +61,8 @@ over jobs divided by the GPUs. Each round:
    their fastest size (they will still run when the cluster drains) take their turns
    longest first, so that they finish together instead of the last alone on a cluster it
    cannot fill. Idle GPUs add nothing, so growth costs nothing until a job ahead needs
-   them back.
+   them back. A running job that ends the round on the GPUs it holds (shrunk in
+   admission for a job that then found no room, grown back into them) is not moved.
 3. Give every placed job the SPB configuration (or off) with the most useful progress
    alone: fewer bytes to synchronise can outweigh the statistical price.
 4. Pack: jobs still waiting, in order, are placed as guests on GPUs of running jobs
@@ -207,7 +208,16 @@ def _plan(
 ) -> Plan:
     """The changes from what runs now to `layout`: a moved elastic job is resized, the
     other moved jobs suspended and started again; an adaptive job that stays changes its
-    batch where it is for `rebatch_gain` more goodput or more."""
+    batch where it is for `rebatch_gain` more goodput or more. A job moved back onto
+    the GPUs it holds (sized below them in admission, then grown into them again, the
+    only ones free) stays: restarting it there would change nothing but cost a start."""
+    back = {
+        job_id
+        for job_id in moved
+        if set(layout.gpus[job_id]) == set(layout.jobs[job_id].allocated_gpu_ids)
+    }
+    moved = [job_id for job_id in moved if job_id not in back]
+    started = [job_id for job_id in started if job_id not in back]
     resize = resizing.resizes(layout, moved)
     resized = {change.job_id for change in resize}
     suspend = tuple(
