@@ -1,6 +1,7 @@
 """Training on CUDA: each backward schedule and K-FAC on cuda:0, SPB's memory saving
-measured by the CUDA allocator, checkpoint and resume on a GPU, and the multi-GPU gangs
-(NCCL) where the machine has the devices.
+measured by the CUDA allocator, checkpoint and resume on a GPU, an adaptive batch's noise
+and AdaScale rate with a rebatch in place, and the multi-GPU gangs (NCCL) where the
+machine has the devices.
 
 Jobs run in spawned processes (`run_gang`), as the agent runs them, with the backend the
 agent would pick (NCCL on CUDA).
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from api.server import free_port
+from jigsaw.gradnoise import GradParams, adascale
 from tests.gpu import GPU_LANE, needs_gpus
 from tests.runtime_helpers import run_gang, worker_configs
 from worker_agent.runtime.checkpoint import CHECKPOINT_FILE
@@ -191,3 +193,37 @@ def test_a_two_gpu_gang_shrinks_in_place_and_trains_on_over_nccl(tmp_path: Path)
     _assert_trained_on_cuda(controllers[0])
     assert [r.workers for r in controllers[0].records] == [2] * 10 + [1] * (ITERATIONS - 10)
     assert controllers[1].status is not None and controllers[1].status.outcome is Outcome.LEFT
+
+
+REBATCH_AT = 5
+
+
+def test_an_adaptive_batch_measures_its_noise_on_cuda_and_is_rebatched_in_place(
+    tmp_path: Path,
+) -> None:
+    """The goodput path on the GPU: one rank splits its adaptive batch of 64 into two
+    micro-batches, so the gradient noise (over CUDA gradients) is measured from the first
+    step and the rate follows AdaScale; at a boundary the scheduler's new batch, 128, is
+    taken in place (the NCCL group formed again in the same process), its rate at once."""
+    fields = {**_ELASTIC, "base_batch": 32}
+    (config,) = worker_configs(1, device="cuda:0", checkpoint_dir=tmp_path, **fields)
+    larger = _reformed([config], 1)[0]
+    hyperparameters = larger.hyperparameters.model_copy(update={"batch_size": 128})
+    larger = larger.model_copy(update={"hyperparameters": hyperparameters})
+    (controller,) = run_gang([config], [LocalController(shrink_at=REBATCH_AT, shrink_to=larger)])
+    assert controller.status is not None, "rank 0 reported no exit"
+    assert controller.status.outcome is Outcome.SUCCEEDED, controller.status
+    assert controller.shrunk_at == REBATCH_AT
+    records = controller.records
+    steps = len(records)
+    assert [r.iteration for r in records] == list(range(1, steps + 1))
+    assert [r.batch_size for r in records] == [64] * REBATCH_AT + [128] * (steps - REBATCH_AT)
+    for record in records:
+        assert record.grad_sqr is not None and record.grad_var is not None, record
+        grad = GradParams(record.grad_sqr, record.grad_var)
+        expected = adascale(0.05, 32, record.batch_size, grad).lr
+        assert record.learning_rate == pytest.approx(expected, rel=1e-6)
+        assert 0.05 < record.learning_rate <= 0.05 * record.batch_size / 32 * (1 + 1e-9)
+    # Each step counts its AdaScale gain, so the job ends in fewer steps than asked.
+    assert records[-2].progress < ITERATIONS <= records[-1].progress and steps < ITERATIONS
+    assert sum(r.loss for r in records[-3:]) < sum(r.loss for r in records[:3])  # it learns
