@@ -25,7 +25,12 @@ the jobs that did not
 succeed with every iteration done (`lost_jobs`); a resize whose new gang did not resume
 at the boundary it checkpointed at is counted as a lost job too.
 
-    python -m benchmarks.elastic [--iterations 20000] [--variants NAME ...] [--json | --markdown]
+`--device cuda` runs each variant on the node's CUDA devices instead (`jigsaw up` and a
+`jigsaw agent --gpus auto`); the adaptive job then asks for as many GPUs as there are, up
+to two, and the mix's variants need two.
+
+    python -m benchmarks.elastic [--device cpu|cuda] [--iterations 20000] [--variants NAME ...]
+                                 [--json | --markdown]
 """
 
 from __future__ import annotations
@@ -34,15 +39,21 @@ import argparse
 import statistics
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from api.client import JigsawClient
 from benchmarks.harness import add_output_options, emit
 from benchmarks.live import alive_gpus, lost, makespan_and_mean_jct, wait
 from scheduler.models.resizes import IN_PLACE
+from tests.cluster import cluster
 from tests.servers import TERMINAL, jigsaw_up
+
+Device = Literal["cpu", "cuda"]
+VIRTUAL_GPUS = 2  # --device cpu: the local agent's slots
 
 MARKDOWN_HEAD = """# Elastic jobs: resizing at a boundary
 
@@ -187,20 +198,42 @@ def specs(iterations: int, elastic: bool = True) -> list[dict[str, Any]]:
     ]
 
 
-def adaptive_spec(iterations: int) -> dict[str, Any]:
-    """A two-worker job whose batch the scheduler may take from 64 to 512 (two workers'
-    shares of the digits hold 718 samples each), `iterations` steps of its base batch."""
+def adaptive_spec(iterations: int, workers: int) -> dict[str, Any]:
+    """A job of `workers` (one or two) whose batch the scheduler may take from 64 to 512
+    (two workers' shares of the digits hold 718 samples each), `iterations` steps of its
+    base batch."""
     return {
         "name": "adaptive",
         "workload": "digits-mlp",
-        "workers": 2,
+        "workers": workers,
         "batch": {"global": 64, "min": 64, "max": 512, "adaptive": True},
         "hyperparameters": {"learning_rate": 0.05},
         "max_iterations": iterations,
     }
 
 
-def run_variant(variant: Variant, iterations: int, home: Path) -> dict[str, Any]:
+@contextmanager
+def _running(device: Device, home: Path, env: dict[str, str]) -> Iterator[JigsawClient]:
+    """A cluster of one node: a local agent's virtual GPUs, or an agent serving the
+    node's CUDA devices; a client of it once its GPUs are up."""
+    if device == "cpu":
+        args = ("--local-agents", "1", "--gpus-per-agent", str(VIRTUAL_GPUS))
+        with (
+            jigsaw_up(home, *args, **env) as server,
+            JigsawClient(server.url, server.token()) as client,
+        ):
+            wait(lambda: alive_gpus(client) == VIRTUAL_GPUS, "the local agent's GPUs")
+            yield client
+        return
+    # A silent agent is not a lost one while a GPU's first jobs initialise CUDA.
+    with cluster(home, **env, JIGSAW_SCHEDULER_AGENT_TIMEOUT_SECONDS="60") as running:
+        running.start_agent("gpu-node", "auto")
+        with running.client() as client:
+            wait(lambda: alive_gpus(client) > 0, "the agent's GPUs")
+            yield client
+
+
+def run_variant(variant: Variant, iterations: int, home: Path, device: Device) -> dict[str, Any]:
     env = {
         "JIGSAW_AGENT_WARM_WORKERS": str(variant.warm),
         "JIGSAW_SCHEDULER_POLICY": variant.policy,
@@ -208,13 +241,9 @@ def run_variant(variant: Variant, iterations: int, home: Path) -> dict[str, Any]
         "JIGSAW_SCHEDULER_ROUND_SECONDS": "0.2",
         **variant.env,
     }
-    with (
-        jigsaw_up(home, "--local-agents", "1", "--gpus-per-agent", "2", **env) as server,
-        JigsawClient(server.url, server.token()) as client,
-    ):
-        wait(lambda: alive_gpus(client) == 2, "the local agent's GPUs")
+    with _running(device, home, env) as client:
         if variant.adaptive:
-            first, rest = adaptive_spec(ADAPTIVE_ITERATIONS), []
+            first, rest = adaptive_spec(ADAPTIVE_ITERATIONS, min(2, alive_gpus(client))), []
         else:
             first, *rest = specs(iterations, variant.elastic_spec)
         ids = [client.submit(first)["id"]]
@@ -276,13 +305,30 @@ def main() -> None:
         default=list(VARIANTS),
         help="variants to run (each with its baseline)",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="virtual GPUs (CPU processes), or the node's CUDA devices",
+    )
     add_output_options(parser)
     args = parser.parse_args()
+    device: Device = args.device
+    if device == "cuda" and args.output == "markdown":
+        parser.error("--markdown writes the virtual GPUs' page (docs/results/elastic.md)")
     chosen = [n for n in VARIANTS if n in args.variants or n in _baselines(args.variants)]
+    gpus = VIRTUAL_GPUS if device == "cpu" else _cuda_devices()
+    mixed = [name for name in chosen if not VARIANTS[name].adaptive]
+    if gpus < 1 or (mixed and gpus < 2):
+        parser.error(
+            f"{', '.join(mixed) or 'every variant'} needs "
+            f"{2 if mixed else 1} GPU(s); this node has {gpus} CUDA device(s)"
+        )
     rows = []
     with tempfile.TemporaryDirectory(prefix="jigsaw-elastic-") as home:
         results = {
-            name: run_variant(VARIANTS[name], args.iterations, Path(home) / name) for name in chosen
+            name: run_variant(VARIANTS[name], args.iterations, Path(home) / name, device)
+            for name in chosen
         }
     for name, result in results.items():
         baseline = results[VARIANTS[name].baseline]  # fixed sizes, same policy family, pool
@@ -298,12 +344,19 @@ def main() -> None:
         sys.stdout.write(MARKDOWN_HEAD + "\n")
     emit(
         rows,
-        "Elastic vs fixed sizes on a live cluster (1 agent, 2 virtual GPUs)",
+        f"Elastic vs fixed sizes on a live cluster (1 agent, {gpus} "
+        f"{'virtual GPUs' if device == 'cpu' else 'CUDA device(s)'})",
         args.output,
         {"makespan_vs_fixed": "{:.2f}x", "jct_vs_fixed": "{:.2f}x"},
     )
     if args.output == "markdown":
         sys.stdout.write(MARKDOWN_TAIL)
+
+
+def _cuda_devices() -> int:
+    import torch  # the train extra's: only `--device cuda` needs it here
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _baselines(names: list[str]) -> set[str]:
