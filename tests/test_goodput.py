@@ -15,6 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from jigsaw import elastic
 from jigsaw.gradnoise import GradParams, adascale, efficiency, gain
 from scheduler.core.goodput import (
     BatchLimits,
@@ -23,6 +24,7 @@ from scheduler.core.goodput import (
     StepSample,
     fit_throughput,
     profile_samples,
+    split_batch,
 )
 
 APPS = Path(__file__).resolve().parents[2] / "shared" / "traces" / "pollux" / "apps"
@@ -262,6 +264,25 @@ def test_best_batch_follows_the_noise_and_a_fixed_job_keeps_its_batch() -> None:
         assert choice is not None and choice.batch == 1000
         assert choice.per_gpu * workers * (choice.accum_steps + 1) >= 1000
         assert choice.per_gpu <= 64
+
+
+@given(st.integers(1, 2048), st.integers(1, 512), st.integers(1, 4))
+@example(half=32, max_per_gpu=64, base_share=2)  # the base batch itself, 64 as 2 x 32
+def test_one_gpu_runs_as_many_micro_batches_as_the_runtime_splits_it_into(
+    half: int, max_per_gpu: int, base_share: int
+) -> None:
+    """The model prices the split the runtime runs: on one worker an adaptive batch is
+    two micro-batches at least, its base batch too (measured on an H200, a model that
+    took the base batch as one micro-batch saw no gain in any larger batch); a fixed
+    batch is split only where memory needs it."""
+    batch = 2 * half  # an odd batch rounds down to fewer samples; its count may differ
+    base = max(1, batch // base_share)
+    adaptive = BatchLimits(base, base, max(batch, 2 * base), max_per_gpu)
+    _, accum, runs = split_batch(np.array([batch]), 1, adaptive)
+    assert runs[0] and accum[0] + 1 == elastic.nearest_split(batch, 1, max_per_gpu).accumulation
+    fixed = BatchLimits.fixed(batch, max_per_gpu)
+    _, accum, _ = split_batch(np.array([batch]), 1, fixed)
+    assert accum[0] + 1 == -(-batch // max_per_gpu)
 
 
 def test_speedup_is_relative_to_the_base_size() -> None:

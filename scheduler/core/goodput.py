@@ -318,13 +318,14 @@ class BatchChoice(NamedTuple):
 
 def split_batch(batch: Any, workers: int, limits: BatchLimits) -> tuple[Any, Any, Any]:
     """(largest micro-batch, accumulation steps, whether it runs) of a global batch on
-    `workers` GPUs, elementwise: as few micro-batches as memory allows, and on one GPU
-    above the base batch at least two (AdaptDL: the gradient noise is measured between
+    `workers` GPUs, elementwise: as few micro-batches as memory allows, and on one GPU a
+    job that adapts its batch runs at least two, at its base batch too, as the runtime
+    does (`jigsaw.elastic.nearest_split`: the gradient noise is measured between
     micro-batches, so one alone cannot estimate it)."""
     batch = np.asarray(batch)
     accum = np.ceil(batch / (workers * limits.max_per_gpu) - 1e-9).astype(int) - 1
-    if workers == 1:
-        accum = np.where(batch > limits.base, np.maximum(accum, 1), accum)
+    if workers == 1 and limits.max > limits.min:
+        accum = np.where(batch >= 2, np.maximum(accum, 1), accum)
     micro_batches = workers * (accum + 1)
     per_gpu = np.ceil(batch / micro_batches - 1e-9).astype(int)
     runs = batch // micro_batches >= limits.min_per_gpu
