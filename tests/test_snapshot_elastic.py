@@ -87,6 +87,18 @@ def test_an_elastic_job_has_every_size_measured_or_predicted(
     assert fixed_model is not None and fixed_model.sizes == (2,)
 
 
+def test_a_sizes_step_is_measured_without_its_warm_up(factory: sessionmaker[Session]) -> None:
+    """A run's first iteration warms up (on an H200 75x a small job's steady step): a
+    size run for one lease is charged its steady step, not a mean several times it."""
+    add_nodes(factory, {"a": 4})
+    job_id = elastic_job(factory)
+    ran(factory, job_id, range(0, 1), workers=2, step=30.0)
+    ran(factory, job_id, range(1, 20), workers=2, step=1.0)
+    model = snapshot(factory).jobs[0].model
+    assert model is not None
+    assert model.step_at(2, 1)[0] == pytest.approx(1.0)
+
+
 def test_a_size_never_run_is_predicted_from_those_that_ran(
     factory: sessionmaker[Session],
 ) -> None:

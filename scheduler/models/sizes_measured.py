@@ -100,13 +100,18 @@ def _measured(
     session: Session, job_ids: list[int]
 ) -> dict[int, list[tuple[int, int, float, float]]]:
     """(workers, global batch, mean step seconds, mean sync seconds) of each job's
-    iterations alone at full backprop, by size and batch."""
+    iterations alone at full backprop, by size and batch; the step without the slowest
+    iteration, as the fixed sizes' is (`scheduler.models.measured`): a run's first warms
+    up, on an H200 75x the steady step of a small job, which a size run for one lease
+    would otherwise be charged several times over."""
     rows = session.execute(
         select(
             IterationMetric.job_id,
             IterationMetric.workers,
             IterationMetric.batch_size,
-            func.avg(IterationMetric.step_seconds),
+            func.count(),
+            func.sum(IterationMetric.step_seconds),
+            func.max(IterationMetric.step_seconds),
             func.avg(IterationMetric.comm_seconds),
         )
         .where(
@@ -119,7 +124,8 @@ def _measured(
         .group_by(IterationMetric.job_id, IterationMetric.workers, IterationMetric.batch_size)
     )
     by_job: dict[int, list[tuple[int, int, float, float]]] = defaultdict(list)
-    for job_id, workers, batch, step, sync in rows:
+    for job_id, workers, batch, count, total, slowest, sync in rows:
+        step = (total - slowest) / (count - 1) if count > 1 else total
         if step and math.isfinite(step) and step > 0:
             by_job[job_id].append((int(workers), int(batch), float(step), float(sync or 0.0)))
     return by_job
