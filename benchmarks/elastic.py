@@ -319,10 +319,12 @@ def main() -> None:
     chosen = [n for n in VARIANTS if n in args.variants or n in _baselines(args.variants)]
     gpus = VIRTUAL_GPUS if device == "cpu" else _cuda_devices()
     mixed = [name for name in chosen if not VARIANTS[name].adaptive]
-    if gpus < 1 or (mixed and gpus < 2):
+    if gpus < 1:
+        parser.error("--device cuda needs a CUDA device; this node has none")
+    if mixed and gpus < 2:
         parser.error(
-            f"{', '.join(mixed) or 'every variant'} needs "
-            f"{2 if mixed else 1} GPU(s); this node has {gpus} CUDA device(s)"
+            f"{', '.join(mixed)}: need 2 GPUs, this node has 1 "
+            "(the adaptive variants run on one: --variants jigsaw-rebatch)"
         )
     rows = []
     with tempfile.TemporaryDirectory(prefix="jigsaw-elastic-") as home:
