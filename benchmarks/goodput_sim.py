@@ -115,8 +115,8 @@ stay keep their processes, the new ones resume from the boundary's checkpoint:
 choice of GPUs alone moved the goodput means to the table's (windows 0-3: 2,435 -> 2,427
 s at 1.0x, 1,560 -> 1,560 at 0.5x, 3,806 -> 3,794 at 1.5x, 5,239 -> 5,227 at 2x; held
 out, 4-7: 1,515 -> 1,515, 3,902 -> 4,120 (window 5 3,925 -> 4,802), 6,112 -> 6,109).
-Live, a growth in place cost 0.70-0.72x a cold restart's and 0.24-0.69x a warm one's
-(the same growth in the same run, two runs: [elastic.md](elastic.md)); at about those
+Live, a growth in place cost 0.70-0.95x a cold restart's and 0.24-0.69x a warm one's
+(the same growth in the same run, three runs: [elastic.md](elastic.md)); at about those
 shares of the 30 s (`--grow-seconds 21` and `7`, which the policy is charged too): 1,559
 and 1,552 s at 0.5x, 2,398 and 2,431 at 1.0x, 3,780 and 3,768 at 1.5x, 5,240 and 5,222
 at 2x (windows 4-7 at 7 s: 1,514, 4,099, 5,999); best-fit GPUs instead at 7 s: within

@@ -117,7 +117,7 @@ restart and 1.8 s for a warm one in the same run ([elastic.md](elastic.md)). **B
 growths on one node** (2026-11-27): the gang's GPUs and free ones of its node, rank 0's
 kept; once every rank has checkpointed, the agent starts the joiners (from its warm pool
 where it has one) and they resume from that checkpoint as a restart's ranks do, while
-the ranks that stay wait for them at the new rendezvous: 0.70-0.72x a cold restart's
+the ranks that stay wait for them at the new rendezvous: 0.70-0.95x a cold restart's
 cost and 0.24-0.69x a warm one's, live (the joiners' start is most of it). Gangs over
 several nodes and moves stay restarts. `resized` events carry `mechanism`; the policy
 charges a move what restarts cost and a growth onto the job's own node what growths in
