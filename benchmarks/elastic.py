@@ -138,8 +138,8 @@ three times as its measured noise allowed (64 to 128, 256 and 512, 0.55 s on ave
 did its 2,400 steps of the base batch in 998 optimizer steps, but in 1.04x the time at its
 base batch: on these CPU slots a larger batch costs nearly its samples in time, and the
 gain is in the noise of the machine (the same pair run again right after: 0.76x and 0.92x;
-0.75x in the run before this one). On a GPU, where a step costs about the same at twice
-the batch, it took 0.76x ([elastic-gpu.md](elastic-gpu.md)). The table's seconds are this
+0.75x in the run before this one). On a GPU, where a step at twice the batch costs little
+more, it took 0.76x ([elastic-gpu.md](elastic-gpu.md)). The table's seconds are this
 machine's; that the jobs all succeeded with no iteration lost across resizes holds
 anywhere.
 """
