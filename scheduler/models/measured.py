@@ -63,6 +63,7 @@ from sqlalchemy.orm import Session
 from jigsaw import spb
 from scheduler.core.jobmodel import JobModel
 from scheduler.models.agents import allowance
+from scheduler.models.metrics import STEP_TOTALS, steady_step
 from scheduler.models.sizes_measured import sized_job, sized_steps
 from scheduler.orm import GPU, Allocation, IterationMetric, Job, ModelProfile
 
@@ -254,16 +255,13 @@ def _recent_speeds(
     session: Session, active_states: list[str]
 ) -> tuple[dict[int, _Speed], dict[int, _Speed]]:
     """Each active job's recent iterations at full backprop and under SPB, averaged; the
-    step time without the slowest iteration (a run's first compiles, autotunes and
-    warms caches: on an H200 30-70x a small job's steady step)."""
+    step time without its warm-up (`metrics.steady_step`)."""
     at_full = IterationMetric.spb_depth.is_(None)
     rows = session.execute(
         select(
             IterationMetric.job_id,
             at_full,
-            func.count(),
-            func.sum(IterationMetric.step_seconds),
-            func.max(IterationMetric.step_seconds),
+            *STEP_TOTALS,
             func.avg(IterationMetric.comm_seconds),
             func.max(IterationMetric.peak_memory_bytes),
             # Solo utilization: what the job keeps busy alone, not beside co-runners.
@@ -284,7 +282,7 @@ def _recent_speeds(
     full: dict[int, _Speed] = {}
     partial: dict[int, _Speed] = {}
     for job_id, is_full, count, total, slowest, comm, peak, busy in rows:
-        step = (total - slowest) / (count - 1) if count > 1 else total
+        step = steady_step(count, total, slowest)
         if not step or step <= 0:
             continue  # no time measured: nothing to price the job with
         speed = _Speed(

@@ -157,3 +157,18 @@ def newest(
         )
     )
     return {row[0]: tuple(row[1:]) for row in rows}
+
+
+# A group of iterations' step, as `steady_step` takes it: how many, their sum, the slowest.
+STEP_TOTALS = (
+    func.count(),
+    func.sum(IterationMetric.step_seconds),
+    func.max(IterationMetric.step_seconds),
+)
+
+
+def steady_step(count: int, total: float, slowest: float) -> float:
+    """The mean step of a group of iterations without its slowest: a run's first
+    compiles, autotunes and warms caches (on an H200 30-75x a small job's steady step),
+    which a group of one lease would otherwise be charged several times over."""
+    return (total - slowest) / (count - 1) if count > 1 else total

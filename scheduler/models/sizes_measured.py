@@ -28,7 +28,7 @@ from jigsaw.jobspec import JobSpec
 from scheduler.core import elastic_model
 from scheduler.core.elastic_model import SizedSteps
 from scheduler.core.goodput import BatchLimits, StepSample
-from scheduler.models.metrics import newest
+from scheduler.models.metrics import STEP_TOTALS, newest, steady_step
 from scheduler.orm import IterationMetric
 
 logger = logging.getLogger(__name__)
@@ -100,18 +100,14 @@ def _measured(
     session: Session, job_ids: list[int]
 ) -> dict[int, list[tuple[int, int, float, float]]]:
     """(workers, global batch, mean step seconds, mean sync seconds) of each job's
-    iterations alone at full backprop, by size and batch; the step without the slowest
-    iteration, as the fixed sizes' is (`scheduler.models.measured`): a run's first warms
-    up, on an H200 75x the steady step of a small job, which a size run for one lease
-    would otherwise be charged several times over."""
+    iterations alone at full backprop, by size and batch; the step without its warm-up
+    (`metrics.steady_step`), as a fixed size's is."""
     rows = session.execute(
         select(
             IterationMetric.job_id,
             IterationMetric.workers,
             IterationMetric.batch_size,
-            func.count(),
-            func.sum(IterationMetric.step_seconds),
-            func.max(IterationMetric.step_seconds),
+            *STEP_TOTALS,
             func.avg(IterationMetric.comm_seconds),
         )
         .where(
@@ -125,7 +121,7 @@ def _measured(
     )
     by_job: dict[int, list[tuple[int, int, float, float]]] = defaultdict(list)
     for job_id, workers, batch, count, total, slowest, sync in rows:
-        step = (total - slowest) / (count - 1) if count > 1 else total
+        step = steady_step(count, total, slowest)
         if step and math.isfinite(step) and step > 0:
             by_job[job_id].append((int(workers), int(batch), float(step), float(sync or 0.0)))
     return by_job
