@@ -16,6 +16,7 @@ import re
 import signal
 from contextlib import ExitStack
 from pathlib import Path
+from pprint import pformat
 
 import httpx
 import pytest
@@ -34,6 +35,18 @@ def leads(server: Server) -> bool:
     scrape = httpx.get(f"{server.url}/metrics", timeout=10).text
     match = re.search(r"^jigsaw_scheduler_leader (\S+)$", scrape, re.MULTILINE)
     return match is not None and float(match.group(1)) == 1.0
+
+
+def _decisions(api: httpx.Client, job_id: int) -> list[object]:
+    """What the rounds of either leader decided about the job, and agents they lost."""
+    params = {"limit": 1000, "decisions": True}
+    rounds = api.get("/v1/scheduler/rounds", params=params).json()["items"]
+    return [
+        (r["leader"], r["started_at"], d)
+        for r in rounds
+        for d in r["decisions"]
+        if d.get("job_id") == job_id or d.get("kind") == "agent_lost"
+    ]
 
 
 def test_killing_the_leader_hands_over_without_losing_or_relaunching_jobs(
@@ -88,13 +101,16 @@ def test_killing_the_leader_hands_over_without_losing_or_relaunching_jobs(
         wait_for(ended, "every job to end", seconds=240)
         for job_id in jobs:
             job = api[1].get(f"/v1/jobs/{job_id}").json()
+            events = api[1].get(f"/v1/jobs/{job_id}/events").json()["items"]
+            # A relaunch says why in the job's events and the rounds' decisions (a flake
+            # once in five CI runs left only `attempts` 2 to read).
+            story = [(e["kind"], e["message"], e["data"]) for e in events]
             assert (job["state"], job["iterations_done"], job["attempts"]) == (
                 "SUCCEEDED",
                 ITERATIONS,
                 1,
-            ), job
-            events = api[1].get(f"/v1/jobs/{job_id}/events").json()["items"]
-            assert [e["kind"] for e in events].count("decision") == 1, events
+            ), pformat((job, story, _decisions(api[1], job_id)))
+            assert [e["kind"] for e in events].count("decision") == 1, story
             lines = [
                 line["message"] for line in api[1].get(f"/v1/jobs/{job_id}/logs").json()["items"]
             ]
