@@ -333,6 +333,10 @@ def _long(job_id: int, iterations: int, gpus: tuple[int, ...] = ()) -> JobView:
     )
 
 
+# The slack the paced widths in these tests are worked out at (the default is larger).
+PACED_AT_10 = JigsawParams(pace_slack=0.1)
+
+
 def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() -> None:
     # Eight GPUs; eight 3,000 s one-GPU jobs and a 20,000-iteration job that scales
     # badly (9,000 s on 8 GPUs, 12,000 s on 4, 20,000 s on 2). Short jobs first ends
@@ -340,17 +344,21 @@ def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() ->
     # 10,500 s (`scheduler.core.makespan`), which the long job meets only if it starts now,
     # on 5.7 GPUs on average: it is paced on 4 (its largest size below that), the short
     # jobs share the rest, and it grows to 8 once they are done (10,500 s). Paced to
-    # 10% past the bound (the default slack), it needs 4.5 on average: 4 still.
+    # 10% past the bound, it needs 4.5 on average: 4 still.
     shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]
     batch = snap(nodes(1, 8), _long(1, 20_000), *shorts)
     quiet = replace(batch, last_submitted_at=NOW - timedelta(minutes=61))
     on_four = {1: 4, 2: 1, 3: 1, 4: 1, 5: 1}
-    for params in (JigsawParams(), JigsawParams(pace_slack=0.0)):
+    for params in (JigsawParams(pace_slack=0.0), PACED_AT_10):
         plan = jigsaw.schedule(quiet, params)
         assert {p.job_id: len(p.gpu_ids) for p in plan.start} == on_four
-    # 20% past it (12,600 s), 3.8 on average: it is paced on 2, six short jobs beside.
-    plan = jigsaw.schedule(quiet, JigsawParams(pace_slack=0.2))
-    assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2} | {i: 1 for i in range(2, 8)}
+    # 20% past it (12,600 s; the default slack), 3.8 on average: it is paced on 2, six
+    # short jobs beside.
+    for params in (JigsawParams(), JigsawParams(pace_slack=0.2)):
+        plan = jigsaw.schedule(quiet, params)
+        assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2} | {
+            i: 1 for i in range(2, 8)
+        }
     # While jobs are still being submitted, or when the snapshot does not say, shorter
     # jobs first: a stream of them would otherwise wait behind every long job.
     shortest_first = {i: 1 for i in range(2, 10)}
@@ -369,7 +377,7 @@ def test_a_paced_job_keeps_a_size_between_the_sizes_around_its_width() -> None:
     running = _long(1, 20_000, gpus=tuple(range(100, 108)))
     shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]
     quiet = replace(snap(busy, running, *shorts), last_submitted_at=NOW - timedelta(hours=2))
-    plan = jigsaw.schedule(quiet)
+    plan = jigsaw.schedule(quiet, PACED_AT_10)
     assert (plan.start, plan.suspend) == ((), ())
 
 
@@ -385,7 +393,7 @@ def test_paced_jobs_keep_their_sizes_only_as_far_as_the_gpus_go() -> None:
     waiting = _long(4, 23_000)
     shorts = [job(i, 1, model(1, 3000)) for i in range(5, 9)]
     batch = snap(busy, *longs, waiting, *shorts)
-    plan = jigsaw.schedule(replace(batch, last_submitted_at=NOW - timedelta(hours=2)))
+    plan = jigsaw.schedule(replace(batch, last_submitted_at=NOW - timedelta(hours=2)), PACED_AT_10)
     assert plan.suspend == (1,)
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2, 4: 2}
 

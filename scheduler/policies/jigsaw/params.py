@@ -80,7 +80,7 @@ class JigsawParams(BaseModel):
         "them at once narrow; sizes between, growth reaches.",
     )
     long_job_seconds: float = Field(
-        default=3600.0,
+        default=7200.0,
         ge=0.0,
         description="A job with more than this to go is sized at `long_job_floor`.",
     )
@@ -137,7 +137,7 @@ class JigsawParams(BaseModel):
         "set the makespan are paced (inf: never).",
     )
     pace_slack: float = Field(
-        default=0.1,
+        default=0.2,
         ge=0.0,
         description="Paced jobs are paced to finish by the least makespan of all known "
         "work times 1 + this (0: by the bound itself, which holds the most GPUs).",
