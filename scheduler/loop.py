@@ -112,6 +112,8 @@ class SchedulerService:
         self._measuring: dict[int, PendingResize] = {}
         # Jobs launched whose start is not yet measured: the iteration each begins at.
         self._starting: dict[int, int] = {}
+        # This process's first round: what agents sent before it reached no scheduler.
+        self._leading_since: datetime | None = None
 
     def run_forever(self, stop: threading.Event, leading: Callable[[], bool] | None = None) -> None:
         """Run rounds every `round_seconds` until `stop` is set, or until `leading` (the
@@ -319,7 +321,16 @@ class SchedulerService:
     # -- 2. liveness ----------------------------------------------------------------
 
     def _expire_agents(self, now: datetime) -> tuple[int, int]:
+        """Mark dead the agents silent for `agent_timeout_seconds` as this scheduler
+        heard them, and requeue their jobs. Heartbeats sent while no scheduler led (a
+        restart, a failover) reached nobody: an agent is first timed from this process's
+        first round, as Kubernetes' node controller times nodes from its own start, so an
+        outage longer than the timeout does not stop every job its agents still run."""
+        if self._leading_since is None:
+            self._leading_since = now
         cutoff = now - timedelta(seconds=self._settings.agent_timeout_seconds)
+        if cutoff < self._leading_since:
+            return 0, 0
         with transaction(self._factory) as session:
             lost = agents.expire(session, cutoff, actor=ACTOR)
             if not lost:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from tests.cluster import (
+    AGENT_TIMEOUT_SECONDS,
     CHECKPOINT_EVERY,
     Cluster,
     cluster,
@@ -277,8 +279,8 @@ def test_a_job_whose_agent_fell_silent_past_the_timeout_runs_once_more_and_succe
 def test_a_scheduler_restart_keeps_jobs_running_without_a_second_launch(
     request: pytest.FixtureRequest, tmp_path: Path, backend: str
 ) -> None:
-    # The agent must outlive the restart in the scheduler's eyes.
-    env = {**_database(request, backend), "JIGSAW_SCHEDULER_AGENT_TIMEOUT_SECONDS": "60"}
+    # The agent redials every second at most: it is back soon after the scheduler is.
+    env = {**_database(request, backend), "JIGSAW_AGENT_RECONNECT_MAX_SECONDS": "1"}
     with cluster(tmp_path, **env) as c:
         c.start_agent("agent-a", gpus=1)
         c.wait_nodes(alive=1)
@@ -292,6 +294,10 @@ def test_a_scheduler_restart_keeps_jobs_running_without_a_second_launch(
         assert c.server is not None
         c.server.proc.send_signal(signal.SIGTERM)
         c.server.proc.wait(timeout=60)
+        # Away for longer than an agent may be silent: what it sent meanwhile reached no
+        # scheduler, so the new one times it from its own start, not from its last
+        # heartbeat (else it would requeue the job and launch it again).
+        time.sleep(AGENT_TIMEOUT_SECONDS * 1.5)
         assert worker_pids(tmp_path) == pids  # training goes on while the scheduler is away
         c.start_server()
 

@@ -185,6 +185,25 @@ def test_cancelled_job_is_released_and_stopped(factory: sessionmaker[Session]) -
     assert state(factory, job_id) is JobState.CANCELLED
 
 
+def test_a_new_leader_times_silent_agents_from_its_first_round(
+    factory: sessionmaker[Session],
+) -> None:
+    # Heartbeats sent while no scheduler led (a restart, a failover) reached nobody.
+    add_nodes(factory, {"a": 2})
+    job_id = add_job(factory, 2, max_iterations=1_000_000)
+    first, dispatcher = service(factory)
+    first.run_round(T0)
+    successor, _ = service(factory, dispatcher)
+    timeout = timedelta(seconds=SETTINGS.agent_timeout_seconds)
+    back = T0 + 10 * timeout
+
+    assert successor.run_round(back).agents_lost == 0
+    assert successor.run_round(back + timeout - timedelta(seconds=1)).agents_lost == 0
+    assert held_gpus(factory, job_id) == [("a", 0), ("a", 1)]
+    assert successor.run_round(back + timeout).agents_lost == 1
+    assert held_gpus(factory, job_id) == []
+
+
 def test_dead_agent_requeues_its_job_onto_another_node(factory: sessionmaker[Session]) -> None:
     add_nodes(factory, {"a": 2, "b": 2})
     job_id = add_job(factory, 2, max_iterations=10_000)  # still running when a dies
