@@ -383,8 +383,11 @@ class SchedulerService:
         processes lost them (the agent restarted): it goes back to the queue.
         Returns how many jobs were requeued that way.
         """
-        active = self._dispatcher.active()
+        # Connected nodes first: a Hello landing between the two reads (an agent
+        # redialling a new leader) then adds runs, never a node without its claims,
+        # whose jobs would look orphaned and be relaunched.
         connected = self._dispatcher.connected()
+        active = self._dispatcher.active()
         with transaction(self._factory) as session:
             placed = allocations.placed_nodes(session, active, connected)
             states = job_models.states(session, set(active) | set(placed))

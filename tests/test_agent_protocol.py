@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,8 +27,10 @@ import jigsaw
 from jigsaw.jobspec import JobSpec
 from jigsaw.proto.v2 import agent_pb2 as pb
 from scheduler.agents.dispatcher import AgentDispatcher
+from scheduler.core.states import JobState
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, Worker
+from scheduler.loop import SchedulerService
 from scheduler.models.agents import instance_digest
 from scheduler.models.jobs import submit
 from scheduler.models.snapshot import build_snapshot
@@ -36,11 +39,13 @@ from scheduler.models.users import (
     get_or_create_user,
 )
 from scheduler.orm import GPU, Allocation, IterationMetric, Job, JobLog, ModelProfile, Node
+from scheduler.settings import SchedulerSettings
 from tests.agent_endpoint import CHECKPOINT_EVERY, Endpoint, agent_endpoint
 
 NOW = datetime.now(UTC)
 # The instance key of the agent process these tests speak for.
 INSTANCE = "node-a-agent-process-1"
+LOOP_SETTINGS = SchedulerSettings(policy="fifo", lease_iterations=50, agent_timeout_seconds=30)
 
 
 @pytest.fixture
@@ -609,6 +614,42 @@ def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
         assert endpoint.dispatcher.active() == {}
     finally:
         stream.close()
+
+
+def test_a_hello_landing_mid_round_does_not_requeue_the_job_it_claims(
+    endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restarted scheduler (this fresh dispatcher) with a job RUNNING on node-a; the
+    # agent's Hello lands right after the round's reconciliation read what runs where,
+    # as agents redialling a new leader do.
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    job_id = add_job(endpoint)
+    allocate(endpoint, job_id, {0: 0, 1: 1})
+    with transaction(endpoint.factory) as session:
+        session.get_one(Job, job_id).state = JobState.RUNNING
+    streams: list[Stream] = []
+    reads = endpoint.dispatcher.active
+
+    def hello_lands_after_this_read() -> dict[int, frozenset[str]]:
+        seen = reads()
+        if not streams and sys._getframe(1).f_code.co_name == "_reconcile":
+            streams.append(Stream(endpoint, hello(running={job_id: {0: 0, 1: 1}})))
+            _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
+        return seen
+
+    monkeypatch.setattr(endpoint.dispatcher, "active", hello_lands_after_this_read)
+    service = SchedulerService(endpoint.factory, endpoint.dispatcher, LOOP_SETTINGS, "fifo")
+    try:
+        for _ in range(2):  # the round the Hello lands in, and the next
+            endpoint.writer.flush()
+            assert service.run_round(datetime.now(UTC)).requeued == 0
+        with endpoint.factory() as session:
+            job = session.get_one(Job, job_id)
+            assert (job.state, job.attempts) == (JobState.RUNNING, 1)
+        assert streams[0].commands.empty()  # not told to stop it
+    finally:
+        for stream in streams:
+            stream.close()
 
 
 def _profile_report(job_id: int, **patch: Any) -> pb.ModelProfileReport:
