@@ -182,15 +182,17 @@ def test_only_a_drained_idle_node_without_a_live_agent_is_removed(cluster: Clust
     assert "agent" in refusal() and "alive" in refusal()
     assert c.alice.delete("/v1/nodes/n0").status_code == 403
 
-    # The agent falls silent; the loop declares it lost.
+    # The agent falls silent; the loop declares it lost in a round over the agent
+    # timeout after its first (a new leader times agents from its own start), where
+    # n1's agent has heartbeated.
+    later = utcnow() + timedelta(minutes=1)
     with transaction(c.factory) as session:
-        node_id = session.scalar(select(Node.id).where(Node.name == "n0"))
-        session.execute(
-            update(Agent)
-            .where(Agent.node_id == node_id)
-            .values(last_heartbeat_at=utcnow() - timedelta(minutes=5))
-        )
-    assert c.loop.run_round().agents_lost == 1
+        for name, heard in (("n0", utcnow() - timedelta(minutes=5)), ("n1", later)):
+            node_id = session.scalar(select(Node.id).where(Node.name == name))
+            session.execute(
+                update(Agent).where(Agent.node_id == node_id).values(last_heartbeat_at=heard)
+            )
+    assert c.loop.run_round(later).agents_lost == 1
     removed = c.root.delete("/v1/nodes/n0")
     assert removed.status_code == 200, removed.text
     assert removed.json()["removed_at"] is not None
