@@ -7,6 +7,7 @@ polls for `Report`s. `scheduler.agents.dispatcher` implements it over gRPC worke
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -116,6 +117,11 @@ class Dispatcher(Protocol):
         """Nodes whose `active()` entries are first-hand: their agents are connected now."""
         ...
 
+    def unheard(self, nodes: Iterable[str]) -> frozenset[str]:
+        """Of `nodes`, those whose agents have not said what they run since this
+        dispatcher began (processes there that outlived a scheduler are not in `active`)."""
+        ...
+
     def freeing(self) -> frozenset[tuple[str, int]]:
         """(node, GPU index) still held by the processes of runs told to suspend or stop
         (or strays): the database freed them, a launch there would be refused."""
@@ -212,6 +218,9 @@ class SimulatedDispatcher:
     def connected(self) -> frozenset[str]:
         # Simulated runs live in this process: `jigsaw up` requeues them at start-up.
         return frozenset()
+
+    def unheard(self, nodes: Iterable[str]) -> frozenset[str]:
+        return frozenset()  # its runs live in this process
 
     def freeing(self) -> frozenset[tuple[str, int]]:
         # A simulated run ends the moment it is told to.

@@ -176,6 +176,8 @@ class SchedulerService:
         started = time.perf_counter()
         self._conflicts = 0
         self._decisions = []
+        if self._leading_since is None:
+            self._leading_since = now
         reports = self._dispatcher.poll(now)
         finished = self._ingest(reports, now)
         relaunched = self._relaunch_resized(now)
@@ -326,9 +328,8 @@ class SchedulerService:
         restart, a failover) reached nobody: an agent is first timed from this process's
         first round, as Kubernetes' node controller times nodes from its own start, so an
         outage longer than the timeout does not stop every job its agents still run."""
-        if self._leading_since is None:
-            self._leading_since = now
         cutoff = now - timedelta(seconds=self._settings.agent_timeout_seconds)
+        assert self._leading_since is not None
         if cutoff < self._leading_since:
             return 0, 0
         with transaction(self._factory) as session:
@@ -433,9 +434,14 @@ class SchedulerService:
     def _requeue_drained(self) -> int:
         """Queue again the jobs `jigsaw node drain --now` suspended, once their processes
         have checkpointed and exited, so that whatever the policy they are placed anew
-        (off the drained node) and continue from the checkpoint."""
-        active = self._dispatcher.active()
+        (off the drained node) and continue from the checkpoint. A new leader knows no
+        process until agents redial: until every live agent has (or expired), a job's
+        processes may still be checkpointing unseen, and requeued now, the job would
+        run twice."""
         with transaction(self._factory) as session:
+            if self._dispatcher.unheard(agents.alive_node_names(session)):
+                return 0  # an agent that did not time out yet has not redialled
+            active = self._dispatcher.active()
             drained = suspended_to_requeue(session)
             requeued = [
                 job.id

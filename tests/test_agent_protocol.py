@@ -27,7 +27,7 @@ import jigsaw
 from jigsaw.jobspec import JobSpec
 from jigsaw.proto.v2 import agent_pb2 as pb
 from scheduler.agents.dispatcher import AgentDispatcher
-from scheduler.core.states import JobState
+from scheduler.core.states import JobState, SuspendedBy
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, Worker
 from scheduler.loop import SchedulerService
@@ -38,7 +38,16 @@ from scheduler.models.users import (
     Principal,
     get_or_create_user,
 )
-from scheduler.orm import GPU, Allocation, IterationMetric, Job, JobLog, ModelProfile, Node
+from scheduler.orm import (
+    GPU,
+    Agent,
+    Allocation,
+    IterationMetric,
+    Job,
+    JobLog,
+    ModelProfile,
+    Node,
+)
 from scheduler.settings import SchedulerSettings
 from tests.agent_endpoint import CHECKPOINT_EVERY, Endpoint, agent_endpoint
 
@@ -650,6 +659,44 @@ def test_a_hello_landing_mid_round_does_not_requeue_the_job_it_claims(
     finally:
         for stream in streams:
             stream.close()
+
+
+def test_a_drained_job_is_queued_again_only_once_its_agent_said_its_processes_exited(
+    endpoint: Endpoint,
+) -> None:
+    # A restarted scheduler (this fresh dispatcher): `drain --now` suspended a job on
+    # node-a, whose agent, alive, has not redialled yet; its processes may still be
+    # writing their checkpoint there.
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    job_id = add_job(endpoint)
+    allocate(endpoint, job_id, {0: 0, 1: 1})
+    with transaction(endpoint.factory) as session:
+        job = session.get_one(Job, job_id)
+        job.state, job.suspended_by = JobState.SUSPENDED, SuspendedBy.DRAIN
+        for allocation in session.scalars(select(Allocation)):
+            allocation.released_at = NOW
+        session.scalars(select(Node)).one().drained_at = NOW
+        for agent in session.scalars(select(Agent)):
+            agent.alive, agent.last_heartbeat_at = True, datetime.now(UTC)
+    service = SchedulerService(endpoint.factory, endpoint.dispatcher, LOOP_SETTINGS, "fifo")
+
+    def round_leaves(state: JobState) -> None:
+        service.run_round(datetime.now(UTC))
+        with endpoint.factory() as session:
+            assert session.get_one(Job, job_id).state == state
+
+    round_leaves(JobState.SUSPENDED)  # unheard: it would run twice if queued now
+    stream = Stream(endpoint, hello(running={job_id: {0: 0, 1: 1}}))
+    try:
+        _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
+        round_leaves(JobState.SUSPENDED)  # its processes are told to checkpoint and exit
+        assert stream.commands.get(timeout=10).WhichOneof("command") == "suspend"
+        exited = pb.JobExit(job_id=job_id, attempt=1, outcome=pb.OUTCOME_SUSPENDED)
+        stream.send(pb.AgentMessage(exit=exited))
+        _wait(lambda: endpoint.dispatcher.active() == {})
+        round_leaves(JobState.QUEUED)
+    finally:
+        stream.close()
 
 
 def _profile_report(job_id: int, **patch: Any) -> pb.ModelProfileReport:

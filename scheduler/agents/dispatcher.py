@@ -23,7 +23,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -483,6 +483,10 @@ class AgentDispatcher:
     def connected(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._sessions)
+
+    def unheard(self, nodes: Iterable[str]) -> frozenset[str]:
+        with self._lock:
+            return frozenset(node for node in nodes if node not in self._instances)
 
     def freeing(self) -> frozenset[tuple[str, int]]:
         with self._lock:

@@ -132,6 +132,13 @@ def set_alive(
     )
 
 
+def alive_node_names(session: Session) -> set[str]:
+    """The names of the nodes whose agents are alive."""
+    return set(
+        session.scalars(select(Node.name).join(Agent, Agent.node_id == Node.id).where(Agent.alive))
+    )
+
+
 @dataclass(frozen=True)
 class LostAgent:
     agent_id: int
