@@ -38,6 +38,7 @@ from scheduler.core.waits import (
     exiting_reason,
     explain,
     freeing_reason,
+    unheard_reason,
 )
 from scheduler.db import transaction
 from scheduler.dispatch import Dispatcher, Launch, Report, RunOutcome, Worker
@@ -467,12 +468,18 @@ class SchedulerService:
         processes have not exited, and why each of those waits. The database freed
         those GPUs and that run; launching now would be refused, and the job would go
         back and forth between SCHEDULED and QUEUED until the processes exit (as long as
-        a checkpoint takes to write). It stays QUEUED instead."""
+        a checkpoint takes to write). It stays QUEUED instead.
+
+        Likewise, while a live agent has not said what it runs to this scheduler (a
+        leader that took over moments ago), no job starts on its node, nor a job that
+        ran before (its earlier run's processes may still be checkpointing there)."""
         freeing = self._dispatcher.freeing()
         exiting = self._dispatcher.active().keys()
-        if not freeing and not exiting:
+        unheard = self._dispatcher.unheard(node.name for node in snapshot.nodes if node.alive)
+        if not freeing and not exiting and not unheard:
             return plan, {}
         gpus = snapshot.gpus_by_id()
+        ran = {job.id for job in snapshot.jobs if job.attained_gpu_seconds > 0}
         ready, waits = [], {}
         for placement in plan.start:
             held = [
@@ -480,10 +487,13 @@ class SchedulerService:
                 for gpu_id in placement.gpu_ids
                 if (gpus[gpu_id].node_name, gpus[gpu_id].index) in freeing
             ]
+            onto = {gpus[gpu_id].node_name for gpu_id in placement.gpu_ids}
             if held:
                 waits[placement.job_id] = freeing_reason(held)
             elif placement.job_id in exiting:
                 waits[placement.job_id] = exiting_reason()
+            elif unheard and (onto & unheard or placement.job_id in ran):
+                waits[placement.job_id] = unheard_reason(sorted(unheard))
             else:
                 ready.append(placement)
         return replace(plan, start=tuple(ready)), waits

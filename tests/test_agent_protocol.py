@@ -699,6 +699,43 @@ def test_a_drained_job_is_queued_again_only_once_its_agent_said_its_processes_ex
         stream.close()
 
 
+def test_after_a_takeover_no_job_that_ran_starts_until_every_live_agent_redialled(
+    endpoint: Endpoint,
+) -> None:
+    # A restarted scheduler (this fresh dispatcher). The job ran on node-a until a
+    # minute ago and was queued again; node-a's agent, alive, has not redialled (the
+    # job's earlier processes may still be checkpointing there); node-b's has.
+    other = "node-b-agent-process-1"
+    endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+    endpoint.stub.Register(register_request("node-b", instance=other), metadata=endpoint.auth())
+    job_id = add_job(endpoint)
+    allocate(endpoint, job_id, {0: 0, 1: 1}, at=NOW - timedelta(minutes=5))
+    with transaction(endpoint.factory) as session:
+        for allocation in session.scalars(select(Allocation)):
+            allocation.released_at = NOW - timedelta(minutes=1)
+        for agent in session.scalars(select(Agent)):
+            agent.alive, agent.last_heartbeat_at = True, datetime.now(UTC)
+    streams = [Stream(endpoint, hello("node-b", instance=other))]
+    service = SchedulerService(endpoint.factory, endpoint.dispatcher, LOOP_SETTINGS, "fifo")
+    try:
+        _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-b"}))
+        service.run_round(datetime.now(UTC))
+        with endpoint.factory() as session:
+            job = session.get_one(Job, job_id)
+            assert (job.state, job.attempts) == (JobState.QUEUED, 1)
+            assert "node-a have not yet told this scheduler" in str(job.pending_reason)
+        assert streams[0].commands.empty()
+
+        streams.append(Stream(endpoint, hello()))
+        _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a", "node-b"}))
+        service.run_round(datetime.now(UTC))
+        with endpoint.factory() as session:
+            assert session.get_one(Job, job_id).state == JobState.RUNNING
+    finally:
+        for stream in streams:
+            stream.close()
+
+
 def _profile_report(job_id: int, **patch: Any) -> pb.ModelProfileReport:
     stage = pb.StageProfile(
         forward_seconds=0.01,

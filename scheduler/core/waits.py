@@ -51,6 +51,17 @@ def exiting_reason() -> Wait:
     )
 
 
+def unheard_reason(nodes: list[str]) -> Wait:
+    """Why a job was not launched while agents that outlived the previous scheduler
+    have not said what they run: it is placed on their nodes, or it ran before and
+    its earlier run's processes may still be checkpointing there."""
+    return Wait(
+        FREEING,
+        f"the agents of {', '.join(nodes)} have not yet told this scheduler what they run "
+        "(it took over moments ago); starts once they have, or once they time out",
+    )
+
+
 def unplaceable_reason(workers: int, largest_gang: int) -> str | None:
     """Why a job of `workers` GPUs cannot be placed while the alive, schedulable nodes
     hold `largest_gang` GPUs in all; None when it could be."""
