@@ -255,3 +255,23 @@ def test_a_param_changes_both_jigsaw_variants_and_no_other_policy() -> None:
     assert changed["tiresias"] == by_variant["tiresias"]
     for variant in ("jigsaw goodput", "jigsaw fixed batch"):
         assert changed[variant]["avg_jct_s"] != by_variant[variant]["avg_jct_s"], variant
+
+
+def test_each_mean_carries_the_standard_error_of_its_windows() -> None:
+    rows = [
+        {
+            "workload": f"w{i}",
+            "load": 0.5,
+            "variant": variant,
+            **dict.fromkeys(goodput_sim.METRICS, 1.0),
+            "avg_jct_s": jct,
+            "pollux_avg_jct_s": 1534.0,
+        }
+        for i, jct in enumerate((1000.0, 2000.0))
+        for variant in goodput_sim.VARIANTS
+    ]
+    [mean, *_] = goodput_sim._means(rows, "mean at 0.5x")
+    # stdev 707.1 over the square root of two windows
+    assert (mean["avg_jct_s"], mean["jct_se_s"]) == (1500.0, pytest.approx(500.0))
+    [single, *_] = goodput_sim._means(rows[:3], "one window")
+    assert single["jct_se_s"] == 0.0
