@@ -625,6 +625,12 @@ def test_after_a_restart_the_hello_says_what_runs_where_and_what_ended(
         stream.close()
 
 
+def _new_leader(endpoint: Endpoint) -> SchedulerService:
+    """The rounds of a scheduler that just took over: its dispatcher (the endpoint's,
+    fresh) has heard from no agent yet."""
+    return SchedulerService(endpoint.factory, endpoint.dispatcher, LOOP_SETTINGS, "fifo")
+
+
 def test_a_hello_landing_mid_round_does_not_requeue_the_job_it_claims(
     endpoint: Endpoint, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -647,7 +653,7 @@ def test_a_hello_landing_mid_round_does_not_requeue_the_job_it_claims(
         return seen
 
     monkeypatch.setattr(endpoint.dispatcher, "active", hello_lands_after_this_read)
-    service = SchedulerService(endpoint.factory, endpoint.dispatcher, LOOP_SETTINGS, "fifo")
+    service = _new_leader(endpoint)
     try:
         for _ in range(2):  # the round the Hello lands in, and the next
             endpoint.writer.flush()
@@ -678,7 +684,7 @@ def test_a_drained_job_is_queued_again_only_once_its_agent_said_its_processes_ex
         session.scalars(select(Node)).one().drained_at = NOW
         for agent in session.scalars(select(Agent)):
             agent.alive, agent.last_heartbeat_at = True, datetime.now(UTC)
-    service = SchedulerService(endpoint.factory, endpoint.dispatcher, LOOP_SETTINGS, "fifo")
+    service = _new_leader(endpoint)
 
     def round_leaves(state: JobState) -> None:
         service.run_round(datetime.now(UTC))
@@ -716,7 +722,7 @@ def test_after_a_takeover_no_job_that_ran_starts_until_every_live_agent_redialle
         for agent in session.scalars(select(Agent)):
             agent.alive, agent.last_heartbeat_at = True, datetime.now(UTC)
     streams = [Stream(endpoint, hello("node-b", instance=other))]
-    service = SchedulerService(endpoint.factory, endpoint.dispatcher, LOOP_SETTINGS, "fifo")
+    service = _new_leader(endpoint)
     try:
         _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-b"}))
         service.run_round(datetime.now(UTC))
