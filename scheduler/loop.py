@@ -440,10 +440,10 @@ class SchedulerService:
         processes may still be checkpointing unseen, and requeued now, the job would
         run twice."""
         with transaction(self._factory) as session:
-            if self._dispatcher.unheard(agents.alive_node_names(session)):
-                return 0  # an agent that did not time out yet has not redialled
-            active = self._dispatcher.active()
             drained = suspended_to_requeue(session)
+            if not drained or self._dispatcher.unheard(agents.alive_node_names(session)):
+                return 0  # none, or an agent that did not time out yet has not redialled
+            active = self._dispatcher.active()
             requeued = [
                 job.id
                 for job in drained
