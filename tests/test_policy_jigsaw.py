@@ -462,20 +462,43 @@ def test_a_gang_spread_over_nodes_moves_to_fewer_nodes_where_that_is_faster() ->
         workers=4,
         steps={4: {1: (0.5, 0.0), 2: (1.5, 0.0)}, 2: {1: (0.8, 0.0), 2: (1.5, 0.0)}},
     )
+    # No node has room for all four: it moves to two GPUs of one node.
+    plan = jigsaw.schedule(_spread_over_two_nodes(gathers, node_count=2))
+    assert plan.suspend == (1,)
+    [moved] = plan.start
+    assert len(moved.gpu_ids) == 2 and len({g // 100 for g in moved.gpu_ids}) == 1
+    # A third node is free: it keeps its four workers, there.
+    plan = jigsaw.schedule(_spread_over_two_nodes(gathers, node_count=3))
+    assert [p.gpu_ids for p in plan.start] == [(300, 301, 302, 303)]
+
+
+def test_a_gang_spread_over_nodes_gathers_at_its_size_once_a_node_is_free() -> None:
+    # Spread over two nodes when the cluster was full, it runs 4 workers at 1.0 s per
+    # iteration; on one node 0.5 s; 2 workers on one node are slower than either (1.2
+    # s). A third node has come free: it moves there at its size (before, a gang moved
+    # only to another size, and ran spread to its end).
+    gathers = JobModel(
+        iterations_total=10_000,
+        workers=4,
+        steps={4: {1: (0.5, 0.0), 2: (1.0, 0.0)}, 2: {1: (1.2, 0.0)}},
+    )
+    plan = jigsaw.schedule(_spread_over_two_nodes(gathers, node_count=3))
+    assert plan.suspend == (1,)
+    assert [p.gpu_ids for p in plan.start] == [(300, 301, 302, 303)]
+    # With no node free it stays spread: on two nodes it is as few as the free GPUs give.
+    assert jigsaw.schedule(_spread_over_two_nodes(gathers, node_count=2)) == Plan()
+
+
+def _spread_over_two_nodes(gathers: JobModel, node_count: int) -> ClusterSnapshot:
+    """Job 1 running 4 workers on two GPUs each of nodes 1 and 2, whose other GPUs two
+    long jobs hold; nodes beyond those free."""
     spread = job(1, 4, gathers, state=JobState.RUNNING, gpus=(100, 101, 200, 201))
     others = (
         job(3, 2, model(2, 100_000), state=JobState.RUNNING, gpus=(102, 103)),
         job(4, 2, model(2, 100_000), state=JobState.RUNNING, gpus=(202, 203)),
     )
     held = {100: 1, 101: 1, 200: 1, 201: 1, 102: 3, 103: 3, 202: 4, 203: 4}
-    # No node has room for all four: it moves to two GPUs of one node.
-    plan = jigsaw.schedule(snap(nodes(2, 4, held=held), spread, *others))
-    assert plan.suspend == (1,)
-    [moved] = plan.start
-    assert len(moved.gpu_ids) == 2 and len({g // 100 for g in moved.gpu_ids}) == 1
-    # A third node is free: it keeps its four workers, there.
-    plan = jigsaw.schedule(snap(nodes(3, 4, held=held), spread, *others))
-    assert [p.gpu_ids for p in plan.start] == [(300, 301, 302, 303)]
+    return snap(nodes(node_count, 4, held=held), spread, *others)
 
 
 def test_a_gang_faster_on_fewer_gpus_shrinks_to_its_first_ones() -> None:

@@ -50,10 +50,11 @@ over jobs divided by the GPUs. Each round:
    their GPUs. GPUs still free then grow placed jobs, in order, each to the size
    (including more than it asked for) that finishes it soonest on the nodes those GPUs
    are on (or to fewer GPUs where that is faster: a gang spread over more nodes than its
-   size needs gathers on fewer, one measured slower at its size than at a smaller one
-   keeps its first GPUs, in place on the cluster); a running job only when that saves it
-   `min_grow_saving` seconds, or `min_grow_share` of its time to go if less (a job near
-   its end gains in proportion to what it has left), its restart included. In a first
+   size needs gathers on fewer, at its size where GPUs there are free; one measured
+   slower at its size than at a smaller one keeps its first GPUs, in place on the
+   cluster); a running job only when that saves it `min_grow_saving` seconds, or
+   `min_grow_share` of its time to go if less (a job near its end gains in proportion
+   to what it has left), its restart included. In a first
    pass a job with more than `grow_floor_seconds` to go grows only to sizes at
    `grow_floor` of its best progress per GPU (it would hold the GPUs for hours), so the
    jobs behind it grow too; GPUs still idle after that go as fast as they speed jobs up.

@@ -104,7 +104,9 @@ def _grow_one(
     on (a gang spread thin can be slower than a smaller one on one node), up to
     `growth.widest`: more GPUs, or fewer where it is faster on fewer (a gang spread
     over more nodes than its size needs; one measured slower at its size than at a
-    smaller one, which then keeps its first GPUs: in place on the cluster). Idle, the
+    smaller one, which then keeps its first GPUs: in place on the cluster), or its
+    size on fewer nodes (a gang spread when the cluster was full, once nodes free up:
+    a drain's last jobs otherwise run spread to the end). Idle, the
     GPUs it takes would add nothing; a running job not (re)started this round
     (`fresh`) moves only when that saves it `growth.least_saving`, and no less than
     the move costs it (`resizing.cost`: a growth onto its own node is in place; a
@@ -116,17 +118,20 @@ def _grow_one(
     if any(g not in usable for g in held):
         return False
     mine = [usable[g] for g in held]
-    chosen, soonest = 0, remaining_on(job, len(held), layout.nodes[job.id])
+    nodes = layout.nodes[job.id]
+    chosen, soonest = 0, remaining_on(job, len(held), nodes)
     least = growth.least_saving(soonest)
     widest = growth.widest(job, len(held))
     for workers in job.model.sizes:
-        if workers == len(held):
-            continue
+        if workers == len(held) and nodes <= -(-workers // growth.per_node):
+            continue  # where it is, on as few nodes as its size needs
         if workers > widest:
             break
         span = pool.span(workers, mine)
         if span is None:
             break
+        if workers == len(held) and span >= nodes:
+            continue  # no fewer nodes free for its size
         finish = remaining_on(job, workers, span)
         if job.id not in fresh:
             in_place = workers > len(held) and pool.fits_around(workers, mine)
