@@ -123,15 +123,13 @@ def _grow_one(
     least = growth.least_saving(soonest)
     widest = growth.widest(job, len(held))
     for workers in job.model.sizes:
-        if workers == len(held) and nodes <= -(-workers // growth.per_node):
-            continue  # where it is, on as few nodes as its size needs
         if workers > widest:
             break
         span = pool.span(workers, mine)
         if span is None:
             break
         if workers == len(held) and span >= nodes:
-            continue  # no fewer nodes free for its size
+            continue  # its size on no fewer nodes than now
         finish = remaining_on(job, workers, span)
         if job.id not in fresh:
             in_place = workers > len(held) and pool.fits_around(workers, mine)
