@@ -15,6 +15,7 @@ from sqlalchemy import Engine
 
 from jigsaw.proto.v2 import agent_pb2
 from scheduler.orm import Node
+from scheduler.settings import SchedulerSettings
 from tests.agent_endpoint import Endpoint, agent_endpoint
 from tests.servers import TEST_WORKER_USER
 from worker_agent.agent import AgentRejected, run_agent
@@ -47,6 +48,15 @@ def _records(job_id: int, *iterations: int) -> agent_pb2.JobIterations:
     return agent_pb2.JobIterations(
         job_id=job_id, records=[agent_pb2.IterationRecord(iteration=i) for i in iterations]
     )
+
+
+def test_by_default_an_agent_redials_a_restarted_scheduler_before_it_times_the_agent_out() -> None:
+    # A new leader times agents from its first round: an agent must be back within the
+    # timeout, and one redials within about twice its cap (its own jittered wait, then
+    # its channel's reconnection backoff, capped to the same; gRPC's own reached 120 s).
+    redial = AgentSettings.model_fields["reconnect_max_seconds"].default
+    timeout = SchedulerSettings.model_fields["agent_timeout_seconds"].default
+    assert 2 * redial < timeout
 
 
 def test_the_outbox_batches_bounds_and_keeps_exits() -> None:

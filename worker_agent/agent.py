@@ -399,11 +399,21 @@ def _pump(supervisor: Supervisor, outbox: Outbox, stop: threading.Event) -> None
 
 
 def _channel(settings: AgentSettings) -> grpc.Channel:
+    # gRPC's own reconnection backoff (up to 120 s) kept the channel failing every call
+    # long after a restarted scheduler was back, and the scheduler, which times agents
+    # from its first round, declared the agent lost and requeued its jobs: the channel
+    # redials within the agent's own cap instead.
+    backoff_ms = max(1, int(settings.reconnect_max_seconds * 1000))
+    options = [
+        *_CHANNEL_OPTIONS,
+        ("grpc.initial_reconnect_backoff_ms", min(1000, backoff_ms)),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
+    ]
     if settings.tls_ca is None:
-        return grpc.insecure_channel(settings.scheduler, options=_CHANNEL_OPTIONS)
+        return grpc.insecure_channel(settings.scheduler, options=options)
     credentials = grpc.ssl_channel_credentials(
         root_certificates=settings.tls_ca.read_bytes(),
         private_key=settings.tls_key.read_bytes() if settings.tls_key else None,
         certificate_chain=settings.tls_cert.read_bytes() if settings.tls_cert else None,
     )
-    return grpc.secure_channel(settings.scheduler, credentials, options=_CHANNEL_OPTIONS)
+    return grpc.secure_channel(settings.scheduler, credentials, options=options)

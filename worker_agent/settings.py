@@ -108,10 +108,12 @@ class AgentSettings(WorkerSettings):
     )
     tls_key: Path | None = Field(default=None, description="PEM private key of tls_cert.")
     reconnect_max_seconds: float = Field(
-        default=30.0,
+        default=10.0,
         gt=0,
         description="Cap of the randomized exponential backoff between reconnection attempts "
-        "while the scheduler is unreachable (the jobs keep running meanwhile).",
+        "while the scheduler is unreachable (the jobs keep running meanwhile); a restarted "
+        "scheduler hears from the agent within about twice this, which must stay under its "
+        "agent timeout (30 s by default) or it requeues the agent's jobs.",
     )
     stop_grace_seconds: float = Field(
         default=10.0,
