@@ -54,10 +54,10 @@ over jobs divided by the GPUs. Each round:
    slower at its size than at a smaller one keeps its first GPUs, in place on the
    cluster); a running job only when that saves it `min_grow_saving` seconds, or
    `min_grow_share` of its time to go if less (a job near its end gains in proportion
-   to what it has left), its restart included. In a first
-   pass a job with more than `grow_floor_seconds` to go grows only to sizes at
-   `grow_floor` of its best progress per GPU (it would hold the GPUs for hours), so the
-   jobs behind it grow too; GPUs still idle after that go as fast as they speed jobs up.
+   to what it has left), its restart included. In a first pass a job with more than
+   `grow_floor_seconds` to go grows only to sizes at `grow_floor` of its best progress
+   per GPU (it would hold the GPUs for hours), so the jobs behind it grow too; GPUs
+   still idle after that go as fast as they speed jobs up.
    In the first pass the jobs that need at least `tail_share` of the drain time even at
    their fastest size (they will still run when the cluster drains) take their turns
    longest first, so that they finish together instead of the last alone on a cluster it
