@@ -88,6 +88,22 @@ class Cluster:
             wait_for(check, f"job {job_id} {what}", seconds=240)
             return job
 
+    def wait_success(self, job_id: int) -> Any:
+        """Wait for the job to end and assert it SUCCEEDED; when it did not, the message
+        carries its events, its last log lines and the agents' logs' tails, so that a
+        failure seen once under load can be read from the test report."""
+        job = self.wait_job(job_id, ended, "ended")
+        if job["state"] != "SUCCEEDED":
+            with self.client() as client:
+                events = [(e["kind"], e["data"]) for e in client.events(job_id)["items"]]
+                lines = [line["message"] for line in client.logs(job_id, limit=1000)["items"]][-40:]
+            agents = {name: self.agent_log(name)[-3000:] for name in self.agents}
+            raise AssertionError(
+                f"job {job_id} ended {job['state']}: {job['message']}\n"
+                f"events: {events}\nlog: {lines}\nagents: {agents}"
+            )
+        return job
+
 
 @contextmanager
 def cluster(home: Path, **env: str) -> Iterator[Cluster]:

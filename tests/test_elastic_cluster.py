@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from api.client import JigsawClient
-from tests.cluster import Cluster, cluster, ended
+from tests.cluster import Cluster, cluster
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -55,8 +55,8 @@ def test_an_elastic_job_shrinks_for_a_newcomer_and_grows_back(tmp_path: Path) ->
         elastic = client.submit(ELASTIC)["id"]
         c.wait_job(elastic, lambda j: j["iterations_done"] >= 30, "past iteration 30")
         fixed = client.submit(FIXED)["id"]
-        assert c.wait_job(fixed, ended, "ended")["state"] == "SUCCEEDED"
-        assert c.wait_job(elastic, ended, "ended")["state"] == "SUCCEEDED"
+        c.wait_success(fixed)
+        c.wait_success(elastic)
 
         events = client.events(elastic)["items"]
         resized = [e["data"] for e in events if e["kind"] == "resized"]
@@ -96,7 +96,7 @@ def test_jigsaw_changes_an_adaptive_jobs_batch_in_place_as_its_goodput_says(
     succeeds."""
     with _one_node(tmp_path, "jigsaw") as (c, client):
         job = client.submit(ADAPTIVE)["id"]
-        assert c.wait_job(job, ended, "ended")["state"] == "SUCCEEDED"
+        c.wait_success(job)
         events = client.events(job)["items"]
         rebatched = [e["data"] for e in events if e["kind"] == "resized"]
         assert rebatched, [e["kind"] for e in events]
