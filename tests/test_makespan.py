@@ -157,7 +157,7 @@ def test_simulate_reports_the_bound_of_a_workload_submitted_at_time_0(tmp_path: 
 
 
 def test_pacing_shortens_a_batch_and_leaves_a_trace_with_arrivals_alone() -> None:
-    """Workload-6 on 16x4: submitted at once, an hour without submissions starts JigSaw
+    """Workload-6 on 16x4: submitted at once, three hours without submissions start JigSaw
     pacing its ImageNet jobs beside the short ones, and the batch ends sooner, though
     never before the bound. With the trace's arrivals the cluster drains with nothing
     but long jobs left, so pacing never starts and every job ends when it would

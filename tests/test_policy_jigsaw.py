@@ -335,6 +335,8 @@ def _long(job_id: int, iterations: int, gpus: tuple[int, ...] = ()) -> JobView:
 
 # The slack the paced widths in these tests are worked out at (the default is larger).
 PACED_AT_10 = JigsawParams(pace_slack=0.1)
+# Long enough without submissions for pacing to start (`pace_after_seconds`).
+QUIET = timedelta(seconds=JigsawParams().pace_after_seconds + 60)
 
 
 def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() -> None:
@@ -347,7 +349,7 @@ def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() ->
     # 10% past the bound, it needs 4.5 on average: 4 still.
     shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]
     batch = snap(nodes(1, 8), _long(1, 20_000), *shorts)
-    quiet = replace(batch, last_submitted_at=NOW - timedelta(minutes=61))
+    quiet = replace(batch, last_submitted_at=NOW - QUIET)
     on_four = {1: 4, 2: 1, 3: 1, 4: 1, 5: 1}
     for params in (JigsawParams(pace_slack=0.0), PACED_AT_10):
         plan = jigsaw.schedule(quiet, params)
@@ -359,7 +361,8 @@ def test_once_submissions_stop_the_job_that_would_set_the_makespan_is_paced() ->
     # While jobs are still being submitted, or when the snapshot does not say, shorter
     # jobs first: a stream of them would otherwise wait behind every long job.
     shortest_first = {i: 1 for i in range(2, 10)}
-    for unknown_or_recent in (batch, replace(quiet, last_submitted_at=NOW - timedelta(minutes=59))):
+    recent = replace(quiet, last_submitted_at=NOW - QUIET + timedelta(minutes=2))
+    for unknown_or_recent in (batch, recent):
         plan = jigsaw.schedule(unknown_or_recent)
         assert {p.job_id: len(p.gpu_ids) for p in plan.start} == shortest_first
     plan = jigsaw.schedule(quiet, JigsawParams(pace_after_seconds=float("inf")))
@@ -373,7 +376,7 @@ def test_a_paced_job_keeps_a_size_between_the_sizes_around_its_width() -> None:
     busy = nodes(1, 8, held={100 + g: 1 for g in range(8)})
     running = _long(1, 20_000, gpus=tuple(range(100, 108)))
     shorts = [job(i, 1, model(1, 3000)) for i in range(2, 10)]
-    quiet = replace(snap(busy, running, *shorts), last_submitted_at=NOW - timedelta(hours=2))
+    quiet = replace(snap(busy, running, *shorts), last_submitted_at=NOW - QUIET)
     plan = jigsaw.schedule(quiet, PACED_AT_10)
     assert (plan.start, plan.suspend) == ((), ())
 
@@ -390,7 +393,7 @@ def test_paced_jobs_keep_their_sizes_only_as_far_as_the_gpus_go() -> None:
     waiting = _long(4, 23_000)
     shorts = [job(i, 1, model(1, 3000)) for i in range(5, 9)]
     batch = snap(busy, *longs, waiting, *shorts)
-    plan = jigsaw.schedule(replace(batch, last_submitted_at=NOW - timedelta(hours=2)), PACED_AT_10)
+    plan = jigsaw.schedule(replace(batch, last_submitted_at=NOW - QUIET), PACED_AT_10)
     assert plan.suspend == (1,)
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2, 4: 2}
 

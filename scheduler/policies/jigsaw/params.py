@@ -131,10 +131,12 @@ class JigsawParams(BaseModel):
         "grow longest first in the first pass and host no guest (0: none such).",
     )
     pace_after_seconds: float = Field(
-        default=3600.0,
+        default=3 * 3600.0,
         ge=0.0,
         description="Once no job has been submitted for this long, the jobs that would "
-        "set the makespan are paced (inf: never).",
+        "set the makespan are paced (inf: never). Pacing trades the jobs' mean JCT for "
+        "the makespan: sooner, a batch ends sooner and its users wait longer, and a "
+        "cluster whose arrivals stop pays it in mean JCT.",
     )
     pace_slack: float = Field(
         default=0.2,
