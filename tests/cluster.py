@@ -71,10 +71,20 @@ class Cluster:
 
     def wait_nodes(self, alive: int) -> None:
         with self.client() as client:
-            wait_for(
-                lambda: sum(n["alive"] for n in client.cluster()["nodes"]) == alive,
-                f"{alive} alive node(s)",
-            )
+            try:
+                wait_for(
+                    lambda: sum(n["alive"] for n in client.cluster()["nodes"]) == alive,
+                    f"{alive} alive node(s)",
+                )
+            except AssertionError as exc:  # say why the agents did not come up
+                raise AssertionError(f"{exc}\n{self._agent_logs()}") from None
+
+    def _agent_logs(self) -> str:
+        """Each agent's exit status (None: running) and its log's tail."""
+        return "\n".join(
+            f"agent {name} (exit status {process.poll()}):\n{self.agent_log(name)[-3000:]}"
+            for name, process in self.agents.items()
+        )
 
     def wait_job(self, job_id: int, done: Callable[[dict[str, Any]], bool], what: str) -> Any:
         with self.client() as client:
@@ -97,10 +107,9 @@ class Cluster:
             with self.client() as client:
                 events = [(e["kind"], e["data"]) for e in client.events(job_id)["items"]]
                 lines = [line["message"] for line in client.logs(job_id, limit=1000)["items"]][-40:]
-            agents = {name: self.agent_log(name)[-3000:] for name in self.agents}
             raise AssertionError(
                 f"job {job_id} ended {job['state']}: {job['message']}\n"
-                f"events: {events}\nlog: {lines}\nagents: {agents}"
+                f"events: {events}\nlog: {lines}\n{self._agent_logs()}"
             )
         return job
 
