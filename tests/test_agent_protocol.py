@@ -27,6 +27,8 @@ import jigsaw
 from jigsaw.jobspec import JobSpec
 from jigsaw.proto.v2 import agent_pb2 as pb
 from scheduler.agents.dispatcher import AgentDispatcher
+from scheduler.agents.server import start_server
+from scheduler.agents.service import AgentService
 from scheduler.core.states import JobState, SuspendedBy
 from scheduler.db import transaction
 from scheduler.dispatch import Launch, Report, RunOutcome, Worker
@@ -36,6 +38,7 @@ from scheduler.models.jobs import submit
 from scheduler.models.snapshot import build_snapshot
 from scheduler.models.users import (
     Principal,
+    TokenVerifier,
     get_or_create_user,
 )
 from scheduler.orm import (
@@ -48,7 +51,7 @@ from scheduler.orm import (
     ModelProfile,
     Node,
 )
-from scheduler.settings import SchedulerSettings
+from scheduler.settings import GrpcSettings, SchedulerSettings
 from tests.agent_endpoint import CHECKPOINT_EVERY, Endpoint, agent_endpoint
 
 NOW = datetime.now(UTC)
@@ -214,6 +217,18 @@ def test_calls_without_a_cluster_token_are_refused_and_change_nothing(
             next(stream)
         assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
     assert endpoint.count(Node) == 0
+
+
+def test_a_second_endpoint_on_a_taken_port_fails_to_start(endpoint: Endpoint) -> None:
+    """gRPC would share the port (SO_REUSEPORT) and the kernel split the agents'
+    connections between two schedulers of different databases."""
+    service = AgentService(endpoint.factory, endpoint.dispatcher, endpoint.writer, 0.5)
+    port = int(endpoint.address.rsplit(":", 1)[1])
+    with pytest.raises(OSError, match="cannot bind the agents' gRPC endpoint.*taken"):
+        start_server(
+            service, TokenVerifier(endpoint.factory, 0), GrpcSettings(host="127.0.0.1", port=port)
+        )
+    assert endpoint.stub.Register(register_request(), metadata=endpoint.auth()).node_id
 
 
 def test_agents_of_protocol_v1_are_told_to_upgrade_and_change_nothing(

@@ -145,21 +145,31 @@ def start_server(
         ),
         interceptors=[TokenInterceptor(tokens)],
         maximum_concurrent_rpcs=settings.max_connections,
+        # gRPC binds with SO_REUSEPORT by default: a second scheduler on a taken port
+        # would start without error and the kernel would hand it half of the agents'
+        # connections, which its database does not know.
+        options=[("grpc.so_reuseport", 0)],
     )
     agent_pb2_grpc.add_AgentServiceServicer_to_server(service, server)
     server.add_generic_rpc_handlers((_refuse_v1(),))
     address = f"{settings.host}:{settings.port}"
-    if settings.tls_cert is not None and settings.tls_key is not None:
-        credentials = grpc.ssl_server_credentials(
-            [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())],
-            root_certificates=settings.tls_ca.read_bytes() if settings.tls_ca else None,
-            require_client_auth=settings.tls_ca is not None,
-        )
-        port = server.add_secure_port(address, credentials)
-    else:
-        port = server.add_insecure_port(address)
+    try:
+        if settings.tls_cert is not None and settings.tls_key is not None:
+            credentials = grpc.ssl_server_credentials(
+                [(settings.tls_key.read_bytes(), settings.tls_cert.read_bytes())],
+                root_certificates=settings.tls_ca.read_bytes() if settings.tls_ca else None,
+                require_client_auth=settings.tls_ca is not None,
+            )
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError:  # grpcio's "Failed to bind" (older releases return 0)
+        port = 0
     if port == 0:
-        raise OSError(f"cannot bind the agents' gRPC endpoint to {address}")
+        raise OSError(
+            f"cannot bind the agents' gRPC endpoint to {address}: the address is taken "
+            "or not this host's (JIGSAW_GRPC_HOST, JIGSAW_GRPC_PORT)"
+        )
     server.start()
     logger.info(
         "agents' gRPC endpoint on %s:%d (%s)",
