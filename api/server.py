@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import threading
@@ -81,10 +82,27 @@ DEFAULT_SIM_ITERATIONS_PER_SECOND = 50.0
 _THREAD_JOIN_SECONDS = 15.0
 
 
+# Where `free_port` draws from: below the kernel's ephemeral ports (32768 up on Linux)
+# and torch.distributed's rendezvous ports (29500 up).
+_FREE_PORTS = range(20_000, 29_000)
+_random = random.SystemRandom()  # not the `random` state a program or test seeds
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host if host not in {"", "::"} else "127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port nothing is bound to now, for a server started next (the demo's, tests').
+
+    Not one the kernel picks (a bind to port 0): between its release and the server's
+    bind the kernel may hand that port to any client connection on the host (a
+    database's, an HTTP client's), and the server then cannot bind it."""
+    address = host if host not in {"", "::"} else "127.0.0.1"
+    for _ in range(100):
+        with socket.socket() as sock:
+            try:
+                sock.bind((address, _random.choice(_FREE_PORTS)))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError(f"no free port on {address} in {_FREE_PORTS}")
 
 
 class AddressTaken(OSError):
@@ -301,10 +319,17 @@ def serve(
                                 gpus_per_node, sim_iterations_per_second,
                             )  # fmt: skip
                         else:
-                            dispatcher = _agents_endpoint(
-                                role, factory, settings, role_stop, local_agents,
-                                gpus_per_agent, telemetry, app.state.tokens,
-                            )  # fmt: skip
+                            from scheduler.agents.server import EndpointUnavailable
+
+                            try:
+                                dispatcher = _agents_endpoint(
+                                    role, factory, settings, role_stop, local_agents,
+                                    gpus_per_agent, telemetry, app.state.tokens,
+                                )  # fmt: skip
+                            except EndpointUnavailable as exc:
+                                # Another replica may lead where the port is free.
+                                logger.error("%s; not leading", exc)
+                                return
                         if settings.kubernetes.enabled:
                             _node_inventory(role, factory, settings, role_stop)
                         service = SchedulerService(

@@ -234,6 +234,41 @@ def test_jigsaw_up_on_a_taken_port_fails_and_writes_no_credentials(tmp_path: Pat
     assert not credentials_path(tmp_path).exists()
 
 
+def test_jigsaw_up_whose_grpc_port_is_taken_says_so_and_does_not_lead(tmp_path: Path) -> None:
+    """Another process on the agents' port (another cluster's scheduler): this one
+    serves the API, leads nothing and says why in one line, no traceback (checked as
+    `jigsaw_up` exits); it leads once the port is free."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"JIGSAW_GRPC_PORT": str(port), "JIGSAW_SCHEDULER_LEADER_RETRY_SECONDS": "0.5"}
+        with jigsaw_up(tmp_path, **env) as server:
+            wait_for(
+                lambda: (
+                    f"cannot bind the agents' gRPC endpoint to 127.0.0.1:{port}"
+                    in server.log.read_text()
+                ),
+                "the bind failure in the log",
+            )
+            taken.close()
+            wait_for(
+                lambda: f"agents' gRPC endpoint on 127.0.0.1:{port}" in server.log.read_text(),
+                "the endpoint once the port is free",
+            )
+
+
+def test_free_ports_are_bindable_and_none_the_kernel_hands_to_client_connections() -> None:
+    """A port from a bind to 0 is ephemeral: a client connection may take it before the
+    server started on it binds (then `jigsaw up` cannot serve, and a test flakes)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    for _ in range(50):
+        port = free_port()
+        assert port < min(int(ephemeral[0]), 29500)  # nor torch's rendezvous ports
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", port))
+
+
 # A stand-in for the demo: starts `jigsaw up` bound to itself, says its pid, sleeps.
 _LAUNCHER = f"""
 import os, subprocess, sys, time

@@ -134,6 +134,10 @@ def _refuse_v1() -> grpc.GenericRpcHandler:
     )
 
 
+class EndpointUnavailable(OSError):
+    """The agents' gRPC endpoint cannot bind its address."""
+
+
 def start_server(
     service: AgentService, tokens: TokenVerifier, settings: GrpcSettings
 ) -> tuple[grpc.Server, int]:
@@ -166,7 +170,7 @@ def start_server(
     except RuntimeError:  # grpcio's "Failed to bind" (older releases return 0)
         port = 0
     if port == 0:
-        raise OSError(
+        raise EndpointUnavailable(
             f"cannot bind the agents' gRPC endpoint to {address}: the address is taken "
             "or not this host's (JIGSAW_GRPC_HOST, JIGSAW_GRPC_PORT)"
         )
