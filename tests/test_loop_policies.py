@@ -52,11 +52,15 @@ def test_a_shorter_job_preempts_and_the_preempted_one_resumes(
     assert waiting.preempted and waiting.waiting
     assert waiting.attained_gpu_seconds == pytest.approx(10.0)
     assert waiting.iterations_done == 50
+    assert waiting.restarts == 0  # launched once so far
 
     loop.run_round(T0 + timedelta(seconds=8))  # the short job ends (20 iterations)
     assert state(factory, short) is JobState.SUCCEEDED
     assert state(factory, long) is JobState.RUNNING
     assert dispatcher.commands[-1] == Command("launch", long)
+    with transaction(factory) as session:
+        snapshot = build_snapshot(session, T0 + timedelta(seconds=9))
+    assert next(job for job in snapshot.jobs if job.id == long).restarts == 1
 
 
 def test_the_simulator_decides_what_the_real_loop_decides(

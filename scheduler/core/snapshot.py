@@ -70,6 +70,7 @@ class JobView:
     # The SPB configuration of its current hold (`{}`: off, or holding no GPUs).
     spb: dict[str, Any] = field(default_factory=dict)
     attained_gpu_seconds: float = 0.0  # GPUs x seconds held over all its holds so far
+    restarts: int = 0  # launches after its first (a suspension, a move, a retry)
     held_since: datetime | None = None  # when its current hold began (None: holds none)
     preempted: bool = False  # SUSPENDED by a policy: waiting to be placed again
     model: JobModel | None = None  # what is known of its speed (None: nothing)

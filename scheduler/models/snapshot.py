@@ -141,6 +141,7 @@ def build_snapshot(session: Session, now: datetime) -> ClusterSnapshot:
             iterations_done=_done(job),
             spb=dict(spb_of_job.get(job.id) or {}),
             attained_gpu_seconds=attained.get(job.id, 0.0),
+            restarts=max(job.attempts - 1, 0),
             held_since=held_since.get(job.id),
             preempted=job.state == JobState.SUSPENDED and job.suspended_by == SuspendedBy.POLICY,
             model=models.get(job.id),

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from scheduler.core.plan import Plan
 from scheduler.core.snapshot import ClusterSnapshot
-from scheduler.policies import elastic_fifo, fifo, gandiva, jigsaw, srtf, tiresias
+from scheduler.policies import elastic_fifo, fifo, gandiva, jigsaw, pollux, srtf, tiresias
 
 Policy = Callable[[ClusterSnapshot], Plan]
 
@@ -25,6 +25,7 @@ POLICIES: dict[str, Callable[..., Plan]] = {
     "gandiva": gandiva.schedule,
     "jigsaw": jigsaw.schedule,
     "fifo-elastic": elastic_fifo.schedule,
+    "pollux": pollux.schedule,
 }
 PARAMS: dict[str, type[BaseModel]] = {"jigsaw": jigsaw.JigsawParams}
 

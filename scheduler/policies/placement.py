@@ -164,6 +164,19 @@ class FreePool:
         return chosen
 
 
+def pool_beside(snapshot: ClusterSnapshot, held: set[int]) -> FreePool:
+    """The GPUs of the schedulable nodes but `held` (the kept jobs'), as a pool: what a
+    policy that decides every job's GPUs afresh places the others on."""
+    gpus = snapshot.gpus_by_id()
+    free: dict[int, list[GPUView]] = {}
+    for node in snapshot.nodes:
+        if node.alive and node.schedulable:
+            open_gpus = [gpus[g.id] for g in node.gpus if g.id not in held]
+            if open_gpus:
+                free[node.id] = open_gpus
+    return FreePool(free)
+
+
 def _node_key(gpus: Sequence[GPUView]) -> tuple[str, int]:
     return (gpus[0].node_name, gpus[0].node_id)
 

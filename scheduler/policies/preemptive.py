@@ -12,13 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from scheduler.core.plan import Placement, Plan
-from scheduler.core.snapshot import ClusterSnapshot, GPUView, JobView
-from scheduler.policies.placement import FreePool, spb_of
+from scheduler.core.snapshot import ClusterSnapshot, JobView
+from scheduler.policies.placement import pool_beside, spb_of
 
 
 def run_in_order(snapshot: ClusterSnapshot, ordered: Iterable[JobView]) -> Plan:
     capacity = snapshot.alive_gpu_count()
-    gpus = snapshot.gpus_by_id()
     budget = sum(len(node.gpus) for node in snapshot.nodes if node.alive and node.schedulable)
     admitted: list[JobView] = []
     for job in ordered:
@@ -31,13 +30,7 @@ def run_in_order(snapshot: ClusterSnapshot, ordered: Iterable[JobView]) -> Plan:
     suspend = tuple(sorted(job.id for job in snapshot.jobs if job.holding and job.id not in keep))
     # Free after the suspensions: every schedulable GPU no kept job holds.
     held = {gpu_id for job in snapshot.jobs if job.id in keep for gpu_id in job.allocated_gpu_ids}
-    free: dict[int, list[GPUView]] = {}
-    for node in snapshot.nodes:
-        if node.alive and node.schedulable:
-            open_gpus = [gpus[g.id] for g in node.gpus if g.id not in held]
-            if open_gpus:
-                free[node.id] = open_gpus
-    pool = FreePool(free)
+    pool = pool_beside(snapshot, held)
     start = []
     for job in admitted:
         if job.holding:

@@ -342,6 +342,7 @@ class Simulator:
             iterations_done=int(record.progress),
             spb=record.config,
             attained_gpu_seconds=record.attained,
+            restarts=record.suspensions,
             held_since=None
             if record.held_since is None
             else EPOCH + timedelta(seconds=record.held_since),
