@@ -3,7 +3,7 @@ suspended with a checkpoint, waits as `preempted`, and resumes where it stopped.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -61,6 +61,35 @@ def test_a_shorter_job_preempts_and_the_preempted_one_resumes(
     with transaction(factory) as session:
         snapshot = build_snapshot(session, T0 + timedelta(seconds=9))
     assert next(job for job in snapshot.jobs if job.id == long).restarts == 1
+
+
+def test_pollux_shares_the_gpus_among_the_jobs_in_the_real_loop(
+    factory: sessionmaker[Session],
+) -> None:
+    """Two 1-GPU jobs and a 2-GPU one on two GPUs, a minute after they were submitted:
+    the first two each get one (a job without GPUs scores almost nothing); when the
+    first ends, the wide one waits for the second rather than displace it (starting it
+    would score its speedup at (60 s - 0) / (60 s + 30 s), keeping the second scores
+    the second's whole)."""
+    add_nodes(factory, {"a": 2})
+    dispatcher = SimulatedDispatcher(iterations_per_second=10)
+    loop = SchedulerService(factory, dispatcher, SETTINGS, "pollux")
+    first, second = add_job(factory, 1, max_iterations=20), add_job(factory, 1, max_iterations=80)
+    wide = add_job(factory, 2, max_iterations=20)
+    start = datetime.now(UTC) + timedelta(minutes=1)
+    result = loop.run_round(start)
+    assert (result.started, result.conflicts) == (2, 0)
+    assert [state(factory, job) for job in (first, second, wide)] == [
+        JobState.RUNNING,
+        JobState.RUNNING,
+        JobState.QUEUED,
+    ]
+    placed: list[tuple[int, JobState, JobState]] = []  # when the wide one started
+    for second_ in range(1, 10):  # the first ends at 2 s, the second at 8 s
+        loop.run_round(start + timedelta(seconds=second_))
+        if not placed and held_gpus(factory, wide):
+            placed.append((second_, state(factory, first), state(factory, second)))
+    assert placed == [(8, JobState.SUCCEEDED, JobState.SUCCEEDED)]
 
 
 def test_the_simulator_decides_what_the_real_loop_decides(

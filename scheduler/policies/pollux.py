@@ -111,7 +111,7 @@ def schedule(snapshot: ClusterSnapshot) -> Plan:
             fair,
             per_node,
             scale,
-            (snapshot.now - job.created_at).total_seconds(),
+            max((snapshot.now - job.created_at).total_seconds(), 0.0),  # clocks may differ
             rank,
         )
         for rank, job in enumerate(jobs)
