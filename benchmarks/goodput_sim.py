@@ -297,7 +297,13 @@ and 2x (mean 9.3 and 28.9, worst 101 and 240) is nearer Tiresias's than JigSaw's
 (3.2-3.5, worst 9-10). Whether the artifact's genetic search breaks those ties
 otherwise, and so how much of the gap at high load is these windows and how much the
 reproduction, the published results cannot say; at 1.0x, where they can, the two agree
-within 6%.
+within 6%. Tried and not kept: JigSaw sizing every job by Pollux's objective
+(`speedup.share`) in the rounds where every request fits (nobody waits, so its order has
+nothing to order), growth then skipped: over windows 0-15 1,516 s at 0.5x (-3.2%; -4.9%
+against Pollux here), 2,404 s at 1.0x (+0.4%), 3,764 s at 1.5x (-0.4%), 5,202 s at 2x
+(+0.4%). It would replace, in those rounds, the growth rules that grow a gang in place
+on the cluster and gather a spread one (nine unit tests of them fail), so it waits for
+growth to take such target sizes.
 
 **Pacing after three hours.** Pacing trades the jobs' mean JCT for the makespan once
 submissions stop. In the 1.5x and 2x windows the 8 hours of arrivals end with a
