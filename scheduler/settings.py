@@ -111,7 +111,7 @@ class SchedulerSettings(BaseSettings):
     policy: str = Field(
         default="jigsaw",
         description="Scheduling policy the loop calls: jigsaw (the default), fifo, srtf, "
-        "tiresias, gandiva or fifo-elastic.",
+        "tiresias, gandiva, fifo-elastic or pollux.",
     )
     lease_iterations: int = Field(
         default=100,
