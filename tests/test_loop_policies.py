@@ -85,10 +85,10 @@ def test_pollux_shares_the_gpus_among_the_jobs_in_the_real_loop(
         JobState.QUEUED,
     ]
     placed: list[tuple[int, JobState, JobState]] = []  # when the wide one started
-    for second_ in range(1, 10):  # the first ends at 2 s, the second at 8 s
-        loop.run_round(start + timedelta(seconds=second_))
+    for offset in range(1, 10):  # the first ends at 2 s, the second at 8 s
+        loop.run_round(start + timedelta(seconds=offset))
         if not placed and held_gpus(factory, wide):
-            placed.append((second_, state(factory, first), state(factory, second)))
+            placed.append((offset, state(factory, first), state(factory, second)))
     assert placed == [(8, JobState.SUCCEEDED, JobState.SUCCEEDED)]
 
 

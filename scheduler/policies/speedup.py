@@ -11,6 +11,9 @@ searches with a genetic algorithm), over the sizes each job's model knows, on th
 fewest nodes. Jobs that score alike go in order of attained service, as the artifact
 orders them. Goodput is what the job's model holds: seconds per base step, for an
 adaptive batch at its best batch per size.
+
+Cost: O(J x G x S) for J jobs, G GPUs and S sizes a job may take (the DP's table), a
+baseline's price, not one for rounds of thousands of GPUs.
 """
 
 from __future__ import annotations
