@@ -49,7 +49,9 @@ def share(
     scale = nodes / capacity  # a node's share of the cluster scores a speedup of 1
     scores = []
     for rank, job in enumerate(ordered):
-        age = max((now - job.created_at).total_seconds(), 0.0)  # clocks may differ
+        # At least a second (clocks may differ): at zero the penalty would score a first
+        # start as no GPUs, and a job submitted at a round's instant would wait a round.
+        age = max((now - job.created_at).total_seconds(), 1.0)
         cost = restart_seconds
         if cost is None:
             cost = job.resize_seconds if job.resize_seconds is not None else RESTART_SECONDS
