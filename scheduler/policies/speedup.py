@@ -37,11 +37,8 @@ def share(
     nodes: int,
     per_node: int,
     now: datetime,
-    restart_seconds: float | None = RESTART_SECONDS,
 ) -> dict[int, int]:
-    """Each job's GPU count (0: none) out of `capacity` GPUs on `nodes` nodes; a
-    restart costs `restart_seconds` (None: each job's measured move, else the
-    artifact's 30 s)."""
+    """Each job's GPU count (0: none) out of `capacity` GPUs on `nodes` nodes."""
     ordered = sorted(jobs, key=lambda job: (job.attained_gpu_seconds, job.created_at, job.id))
     if not ordered or capacity <= 0:
         return {}
@@ -52,10 +49,7 @@ def share(
         # At least a second (clocks may differ): at zero the penalty would score a first
         # start as no GPUs, and a job submitted at a round's instant would wait a round.
         age = max((now - job.created_at).total_seconds(), 1.0)
-        cost = restart_seconds
-        if cost is None:
-            cost = job.resize_seconds if job.resize_seconds is not None else RESTART_SECONDS
-        restart = max(age - job.restarts * cost, 0.0) / (age + cost) if age + cost > 0 else 1.0
+        restart = max(age - job.restarts * RESTART_SECONDS, 0.0) / (age + RESTART_SECONDS)
         scores.append(_scores(job, _sizes(job, capacity), fair, per_node, scale, restart, rank))
     counts = allocate(scores, capacity)
     return {job.id: count for job, count in zip(ordered, counts, strict=True)}
