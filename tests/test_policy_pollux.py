@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from scheduler.core import shares
 from scheduler.core.jobmodel import JobModel
 from scheduler.core.snapshot import JobView
 from scheduler.core.states import JobState
-from scheduler.policies import get_policy, pollux, speedup
+from scheduler.policies import get_policy, pollux
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.metrics import summarize
 from scheduler.sim.trace import load_workloads
@@ -66,7 +67,7 @@ def test_the_allocation_is_the_optimum_of_every_choice() -> None:
             {0: 1000.0} | {w: rng.uniform(0.5, 20.0) for w in rng.sample(range(1, 5), 2)}
             for _ in range(jobs)
         ]
-        counts = speedup.allocate(scores, capacity)
+        counts = shares.allocate(scores, capacity)
         best = min(
             sum(s[w] for s, w in zip(scores, choice, strict=True))
             for choice in itertools.product(*(list(s) for s in scores))

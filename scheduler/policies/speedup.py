@@ -6,14 +6,14 @@ cluster (GPUs / jobs), as the Pollux artifact's simulator scores an allocation
 (`simulator/pollux.py`): a job left without GPUs scores almost nothing, so every job
 runs while there are GPUs for it, and a job whose GPU count changes is scored at
 (age - d x restarts) / (age + d) of its speedup, d a restart's cost. The objective is a
-sum over jobs, so a dynamic program over GPU counts finds its optimum (the artifact
-searches with a genetic algorithm), over the sizes each job's model knows, on the
-fewest nodes. Jobs that score alike go in order of attained service, as the artifact
-orders them. Goodput is what the job's model holds: seconds per base step, for an
-adaptive batch at its best batch per size.
+sum over jobs, so a dynamic program over GPU counts (`scheduler.core.shares`) finds its
+optimum (the artifact searches with a genetic algorithm), over the sizes each job's
+model knows, on the fewest nodes. Jobs that score alike go in order of attained
+service, as the artifact orders them. Goodput is what the job's model holds: seconds
+per base step, for an adaptive batch at its best batch per size.
 
-Cost: O(J x G x S) for J jobs, G GPUs and S sizes a job may take (the DP's table), a
-baseline's price, not one for rounds of thousands of GPUs.
+Cost: O(J x S) vector steps over G GPUs for J jobs and S sizes a job may take (the
+DP's table), a baseline's price, not one for rounds of thousands of GPUs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import math
 from collections.abc import Sequence
 from datetime import datetime
 
+from scheduler.core.shares import allocate
 from scheduler.core.snapshot import JobView
 
 P = -1.0  # the power mean's exponent: more negative is fairer (the artifact's)
@@ -91,28 +92,3 @@ def _scores(
             speedup *= restart
         scores[workers] = (speedup + SMALL) ** P
     return scores
-
-
-def allocate(scores: list[dict[int, float]], capacity: int) -> list[int]:
-    """The GPU count of each job that minimises the sum of its scores within
-    `capacity` GPUs in all (p < 0: minimising the sum maximises the power mean)."""
-    best = [0.0] + [math.inf] * capacity  # least sum with exactly g GPUs used
-    choices: list[list[int]] = []
-    for options in scores:
-        nxt = [math.inf] * (capacity + 1)
-        chose = [0] * (capacity + 1)
-        for used, total in enumerate(best):
-            if total == math.inf:
-                continue
-            for workers, score in options.items():
-                if used + workers <= capacity and total + score < nxt[used + workers]:
-                    nxt[used + workers] = total + score
-                    chose[used + workers] = workers
-        best = nxt
-        choices.append(chose)
-    used = min(range(capacity + 1), key=lambda g: (best[g], g))
-    counts = []
-    for chose in reversed(choices):
-        counts.append(chose[used])
-        used -= chose[used]
-    return counts[::-1]
