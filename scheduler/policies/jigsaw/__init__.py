@@ -42,7 +42,10 @@ over jobs divided by the GPUs. Each round:
    sooner on average one after the other on 4 than both at once on 2 or 1), and
    admitting everyone is better where width buys little. The floors are a low one and
    high ones: a middle floor's sizes are what growth reaches from a high one's where
-   GPUs stay idle.
+   GPUs stay idle. At light load (what the jobs ask for at most `fluid_load` times
+   the GPUs) the sizes that maximise the sum of each job's completion rate to the
+   power `fluid_exponent` (`fluid`: the short jobs wider, GPUs spread over all) are
+   admitted instead where their completion sum is no larger.
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
    suspended. Kept jobs stay where they are; newcomers and moved jobs are
@@ -87,13 +90,14 @@ over jobs divided by the GPUs. Each round:
    snapshot's `colocated_slowdown`), else predicted; no guest joins a host measured
    past it.
 
-The steps are modules of this package: `ordering` (1), `sizing` and `growth` (2),
+The steps are modules of this package: `ordering` (1), `sizing`, `fluid` and `growth` (2),
 `spb_choice` (3), `packing` (4); `params.JigsawParams` holds every constant named here,
 `speeds` what is derived from a job's speed model alone.
 
 Cost: sorting is O(J log J) for J jobs, once per shrink floor (the drain time O(J); the
 least makespan, when pacing, O(C log C) for the C corners of the jobs' cost curves); the
-completion sum O(J (S + log J)) per floor for S distinct sizes; sizing O(J) (per-job
+completion sum O(J (S + log J)) per floor for S distinct sizes; fluid sizing, at light
+load, O(J x S) vector steps over the G GPUs; sizing O(J) (per-job
 choices cached per model); placement O(J + G) for G GPUs; growth O(S x P) per job for S
 sizes and P GPUs per node (how a gang would spread is predicted from free counts per
 node), O(1) per job once no GPU is free (but for gangs spread over nodes or faster on
@@ -113,6 +117,7 @@ from scheduler.core.interference import fitted
 from scheduler.core.plan import Placement, Plan, Reconfigure
 from scheduler.core.snapshot import ClusterSnapshot, GPUView
 from scheduler.policies.jigsaw import (
+    fluid,
     growth,
     ordering,
     packing,
@@ -165,6 +170,8 @@ def schedule(snapshot: ClusterSnapshot, params: JigsawParams = DEFAULTS) -> Plan
     base, size = sizing.size_jobs(
         ordered, guests, budget=len(usable), capacity=snapshot.alive_gpu_count(), sizing=rule
     )
+    if params.fluid_load and fluid.applies(snapshot, jobs, len(usable), paced, params):
+        size = fluid.sizes(ordered, size, guests, len(usable), rule, params)
     packed = {g for job in snapshot.jobs if job.id in guests for g in job.allocated_gpu_ids}
     admission = sizing.admit(ordered, size, guests, layout, usable, packed)
     started, moved = admission.started, admission.moved

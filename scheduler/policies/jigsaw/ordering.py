@@ -31,10 +31,6 @@ def _key(
     job: JobView, snapshot: ClusterSnapshot, sizing: Sizing, drain: float, params: JigsawParams
 ) -> tuple[int, bool, bool, float, float, int]:
     arrived = (snapshot.now - job.created_at).total_seconds()
-    waited = arrived - job.attained_gpu_seconds / job.workers
-    # Time not holding GPUs stops growing once a job runs, so a job promoted for
-    # starving keeps its place until it ends instead of being preempted next round.
-    starving = waited > params.starvation_seconds
     remaining = sizing.remaining_gpu_seconds(job)
     if outlasts(job, sizing.per_node, drain):
         remaining *= params.straggler_discount
@@ -46,7 +42,22 @@ def _key(
         # A waiting job must start before it progresses: one barely shorter than a
         # running job does not displace it (jobs of seconds, whose start is most of it).
         remaining += start
-    return (-job.priority, not starving, job.id not in sizing.paced, remaining, -arrived, job.id)
+    return (
+        -job.priority,
+        not starving(job, snapshot, params),
+        job.id not in sizing.paced,
+        remaining,
+        -arrived,
+        job.id,
+    )
+
+
+def starving(job: JobView, snapshot: ClusterSnapshot, params: JigsawParams) -> bool:
+    """Whether the job has waited more than `starvation_seconds` in all. Time not
+    holding GPUs stops growing once a job runs, so a job promoted for starving keeps
+    its place until it ends instead of being preempted next round."""
+    arrived = (snapshot.now - job.created_at).total_seconds()
+    return arrived - job.attained_gpu_seconds / job.workers > params.starvation_seconds
 
 
 def drain_seconds(jobs: list[JobView], per_node: int, gpus: int) -> float:

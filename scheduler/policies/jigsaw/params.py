@@ -151,6 +151,25 @@ class JigsawParams(BaseModel):
         "its next boundary, in place) once the batch with the most goodput there makes "
         "this much more than its own (0.1: 10%); 0: only when it is resized.",
     )
+    fluid_load: float = Field(
+        default=3.0,
+        ge=0.0,
+        description="While what the jobs ask for is at most this many times the GPUs, "
+        "jobs are sized by the fluid sum (`fluid`) instead of the shrink floors "
+        "(0: never).",
+    )
+    fluid_exponent: float = Field(
+        default=0.5,
+        gt=0.0,
+        description="The exponent on each job's completion rate in the fluid sum: 1 "
+        "races the shortest job, lower spreads GPUs over the jobs.",
+    )
+    fluid_margin_seconds: float = Field(
+        default=90.0,
+        ge=0.0,
+        description="Seconds the fluid sum adds to a job's time at a size other than "
+        "what it holds, beyond what the move costs it, so that it moves for a clear gain.",
+    )
     configs: tuple[SPBConfig, ...] = Field(
         default=CONFIGS, min_length=1, description="The SPB configurations JigSaw chooses from."
     )

@@ -1,0 +1,116 @@
+"""Step 2 at light load, fluid sizing: while what the jobs ask for fits the cluster a
+few times over, each job's size may be the one that maximises the sum over jobs of
+(1 / T)^e, T its time to go at that size (a size other than what it holds charged its
+move and a margin), e = `fluid_exponent`.
+
+1 / T is the rate at which a job completes; their sum is how fast the jobs end were
+the round's sizes to hold (a fluid view of mean JCT). An exponent of 1 races the
+shortest job on every GPU that speeds it up (SRPT's answer, which under concave
+speedups spends GPUs on its flat end); below 1 the sum is concave in each job's rate,
+and GPUs spread over the jobs with the short ones wider, as heSRPT's shares do. The
+view is myopic: it ignores when the jobs it leaves waiting start. So these sizes are
+one more candidate beside the shrink floor's, taken when their completion sum
+(`sizing.completion_sum`, the floors' yardstick) is no larger; under heavier load
+spreading GPUs over many jobs runs everyone slowly where queueing some ends them
+sooner, and the floors decide alone.
+
+Only jobs with a speed model are sized so; guests keep what they hold and jobs without
+a model the size admission gave them. Not while a job is paced or starving, or jobs of
+several priorities wait (the sum knows neither).
+
+Cost: O(J x S) numpy steps over the G GPUs (`scheduler.core.shares`) for J jobs of S
+sizes, in the rounds it applies to: at most `fluid_load` x G GPUs asked for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.core.shares import allocate
+from scheduler.core.snapshot import ClusterSnapshot, JobView
+from scheduler.policies.jigsaw import resizing
+from scheduler.policies.jigsaw.ordering import starving
+from scheduler.policies.jigsaw.params import JigsawParams
+from scheduler.policies.jigsaw.sizing import Sizing, completion_sum
+from scheduler.policies.jigsaw.speeds import remaining_seconds_at
+
+
+def applies(
+    snapshot: ClusterSnapshot,
+    jobs: list[JobView],
+    capacity: int,
+    paced: dict[int, int],
+    params: JigsawParams,
+) -> bool:
+    """Whether this round may size jobs fluidly: what the jobs ask for is at most
+    `fluid_load` times the GPUs, no job is paced or starving, one priority."""
+    return (
+        bool(jobs)
+        and not paced
+        and sum(job.workers for job in jobs) <= params.fluid_load * capacity
+        and len({job.priority for job in jobs}) == 1
+        and not any(starving(job, snapshot, params) for job in jobs)
+    )
+
+
+def sizes(
+    ordered: list[JobView],
+    admitted: dict[int, int],
+    guests: set[int],
+    capacity: int,
+    rule: Sizing,
+    params: JigsawParams,
+) -> dict[int, int]:
+    """The GPUs of each job admitted this round (absent: not admitted) out of
+    `capacity`: the fluid sum's sizes where their completion sum is no larger than
+    that of `admitted` (the shrink floor's), else `admitted`. Guests and jobs without
+    a speed model keep their size in `admitted`."""
+    fixed = {
+        job.id: admitted[job.id]
+        for job in ordered
+        if job.id in admitted and (job.id in guests or job.model is None)
+    }
+    sized = [job for job in ordered if job.id not in guests and job.model is not None]
+    left = capacity - sum(fixed.values())
+    if left <= 0 or not sized:
+        return admitted
+    scores = [_scores(job, left, rule.per_node, params, rank) for rank, job in enumerate(sized)]
+    counts = allocate(scores, left)
+    fluid = {**fixed, **{job.id: n for job, n in zip(sized, counts, strict=True) if n}}
+    # Those started now first, then the rest in order as GPUs free up.
+    first = [job for job in ordered if job.id in fluid] + [
+        job for job in ordered if job.id not in fluid
+    ]
+    given = _Given(rule.per_node, rule.floor, rule.long_seconds, rule.long_floor, rule.paced, fluid)
+    if completion_sum(first, given, capacity) <= completion_sum(ordered, rule, capacity):
+        return fluid
+    return admitted
+
+
+@dataclass(frozen=True)
+class _Given(Sizing):
+    """`Sizing` with the sizes of `given` where it has one."""
+
+    given: dict[int, int] = field(default_factory=dict)
+
+    def base(self, job: JobView) -> int:
+        return self.given.get(job.id) or super().base(job)
+
+
+def _scores(
+    job: JobView, capacity: int, per_node: int, params: JigsawParams, rank: int
+) -> dict[int, float]:
+    """Each size's term of the sum, negated (`allocate` minimises); no GPUs scores
+    nothing, a hair more the later the job is in the order, so ties go to the jobs
+    ahead."""
+    assert job.model is not None
+    held = len(job.allocated_gpu_ids)
+    scores = {0: -1e-9 * rank}
+    for workers in job.model.sizes:
+        if workers > capacity:
+            break
+        seconds = remaining_seconds_at(job, workers, per_node)
+        if workers != held:
+            seconds += resizing.cost(job) + params.fluid_margin_seconds
+        scores[workers] = -((1.0 / max(seconds, 1e-9)) ** params.fluid_exponent)
+    return scores
