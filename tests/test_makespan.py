@@ -161,17 +161,13 @@ def test_pacing_shortens_a_batch_and_leaves_a_trace_with_arrivals_alone() -> Non
     pacing its ImageNet jobs beside the short ones, and the batch ends sooner, though
     never before the bound. With the trace's arrivals the cluster drains with nothing
     but long jobs left, so pacing never starts and every job ends when it would
-    without it (pacing equalises finishes only while short jobs wait). Fluid sizing is
-    off in both: at the batch's tail it spreads the GPUs too, and this is pacing's own."""
+    without it (pacing equalises finishes only while short jobs wait)."""
     workload = load_workload(WORKLOAD_6)
     cluster = ClusterShape.parse("16x4")
-    paced = partial(jigsaw.schedule, params=JigsawParams(fluid_load=0))
-    unpaced = partial(
-        jigsaw.schedule, params=JigsawParams(pace_after_seconds=float("inf"), fluid_load=0)
-    )
+    unpaced = partial(jigsaw.schedule, params=JigsawParams(pace_after_seconds=float("inf")))
     finishes = {}
     for zero in (True, False):
-        for name, policy in (("paced", paced), ("unpaced", unpaced)):
+        for name, policy in (("paced", jigsaw.schedule), ("unpaced", unpaced)):
             options = SimOptions(zero_arrivals=zero)
             result = Simulator(workload.jobs, cluster, policy, options=options).run()
             finishes[zero, name] = [job.finish or 0.0 for job in result.jobs]

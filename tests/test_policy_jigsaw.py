@@ -27,10 +27,6 @@ HALF = SPBConfig(full_fraction=0.5, partial_depth=0.5)
 QUARTER = SPBConfig(full_fraction=0.5, partial_depth=0.25)
 
 
-# The order, floors and growth as they act under load, without fluid sizing.
-LOADED = JigsawParams(fluid_load=0)
-
-
 def profile(bottom_parameters: int = 1 << 20, price: float = 1.02) -> SPBProfile:
     """Four equal stages; the bottom two hold `bottom_parameters` bytes each."""
     return SPBProfile(
@@ -155,13 +151,13 @@ def test_a_job_that_will_run_until_the_cluster_drains_hosts_only_such_guests() -
     host = job(1, 2, host_model, state=JobState.RUNNING, gpus=(100, 101))
     guest = job(2, 1, model(1, 100_000, sizes={2: 0.4}, utilization=0.3))
     cluster = nodes(1, 2, held={100: 1, 101: 1})
-    assert jigsaw.schedule(snap(cluster, host, guest), LOADED) == Plan()
-    packed = jigsaw.schedule(snap(cluster, host, guest), JigsawParams(tail_share=0.0, fluid_load=0))
+    assert jigsaw.schedule(snap(cluster, host, guest)) == Plan()
+    packed = jigsaw.schedule(snap(cluster, host, guest), JigsawParams(tail_share=0.0))
     assert packed.start == (Placement(2, (101,), {}),)
     # A guest that will run until the end too (60,000 s at its fastest) ends sooner
     # beside the host than after it.
     longer = job(2, 1, model(1, 150_000, sizes={2: 0.4}, utilization=0.3))
-    assert jigsaw.schedule(snap(cluster, host, longer), LOADED).start == (Placement(2, (101,), {}),)
+    assert jigsaw.schedule(snap(cluster, host, longer)).start == (Placement(2, (101,), {}),)
 
 
 def test_a_host_keeps_the_configuration_its_guest_was_packed_under() -> None:
@@ -244,37 +240,60 @@ def test_a_wasteful_job_is_shrunk_only_while_the_cluster_is_crowded() -> None:
     assert sorted(len(p.gpu_ids) for p in crowded.start) == [2, 2]
 
 
-def test_at_light_load_the_fluid_sum_spreads_gpus_over_the_jobs_the_short_one_wider() -> None:
-    # Two jobs ask for 1 GPU of 8, speed up as w^0.6 and have 1,000 and 8,000
+def test_at_light_load_adaptive_jobs_spread_over_the_gpus_by_the_fluid_sum() -> None:
+    # Two adaptive jobs ask for 1 GPU of 8, speed up as w^0.6 and have 1,000 and 8,000
     # iterations to go. Their sizes maximise the sum of (1 / T)^0.5, T a job's time to
-    # go there plus the 90 s margin (a start costs nothing here).
-    speedup = {w: round(w**-0.6, 4) for w in range(2, 9)}
-    short = job(1, 1, model(1, 1000, sizes=speedup))
-    long = job(2, 1, model(1, 8000, sizes=speedup))
+    # go there plus the 90 s margin (a start costs nothing here): the short one wider.
+    speedup = {w: round(w**-0.6, 4) for w in range(1, 9)}
+
+    def adaptive(iterations: int, batches: bool = True) -> JobModel:
+        return JobModel(
+            iterations_total=iterations,
+            workers=1,
+            steps={w: {1: (step, 0.0)} for w, step in speedup.items()},
+            batches={w: {1: 64 * w} for w in speedup} if batches else {},
+        )
 
     def rate_sum(split: tuple[int, int]) -> float:
         return sum(
-            (1 / (iterations * speedup.get(w, 1.0) + 90.0)) ** 0.5
+            (1 / (iterations * speedup[w] + 90.0)) ** 0.5
             for iterations, w in zip((1000, 8000), split, strict=True)
         )
 
-    best = max(((a, 8 - a) for a in range(1, 8)), key=rate_sum)
-    plan = jigsaw.schedule(snap(nodes(1, 8), short, long))
-    assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 6), (2, 2)]
-    assert best == (6, 2)
-    # Under load the order decides: the short job grows to its fastest size beside
-    # the long one's request; so it does where the jobs' priorities differ.
-    for jobs, params in (((short, long), LOADED), ((short, replace(long, priority=-1)), None)):
-        plan = jigsaw.schedule(snap(nodes(1, 8), *jobs), params or jigsaw.DEFAULTS)
-        assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 7), (2, 1)]
+    def sizes(
+        *jobs: JobView, params: JigsawParams = jigsaw.DEFAULTS, gpus: int = 8
+    ) -> list[tuple[int, int]]:
+        plan = jigsaw.schedule(snap(nodes(1, gpus), *jobs), params)
+        return [(p.job_id, len(p.gpu_ids)) for p in plan.start]
+
+    short, long = job(1, 1, adaptive(1000)), job(2, 1, adaptive(8000))
+    assert max(((a, 8 - a) for a in range(1, 8)), key=rate_sum) == (6, 2)
+    assert sizes(short, long) == [(1, 6), (2, 2)]
+    # Otherwise the order decides: the short job grows to its fastest size beside the
+    # long one's request. So under load (`fluid_load` 0 here), where the jobs'
+    # priorities differ, and for jobs of a fixed batch.
+    grown = [(1, 7), (2, 1)]
+    assert sizes(short, long, params=JigsawParams(fluid_load=0)) == grown
+    assert sizes(short, replace(long, priority=-1)) == grown
+    fixed = job(1, 1, adaptive(1000, batches=False)), job(2, 1, adaptive(8000, batches=False))
+    assert sizes(*fixed) == grown
+    # The sum is myopic about the jobs it leaves waiting, so its sizes must end the
+    # jobs no later on average: two that ask for 4 GPUs of 4 and take 1,000 s there
+    # and 1,560 s on 2 end at 1,000 and 2,000 s one after the other, sooner than both
+    # at 1,560 s on 2 (the sum's choice); at 1,400 s on 2, both start at once.
+    for on_two, started in ((1.56, [(1, 4)]), (1.4, [(1, 2), (2, 2)])):
+        steps = {4: {1: (1.0, 0.0)}, 2: {1: (on_two, 0.0)}}
+        burst = [
+            job(i, 4, JobModel(1000, 4, steps, batches={4: {1: 256}, 2: {1: 128}})) for i in (1, 2)
+        ]
+        assert sizes(*burst, gpus=4) == started
 
 
 def test_a_crowded_cluster_queues_jobs_when_shrinking_all_would_end_them_later() -> None:
     # Two jobs ask for 4 GPUs of 4 and run 1,000 iterations at 1 s on 4, 1.56 s on 2
     # (78% of 2's progress per GPU on 4). Shrinking both to 2 (the 0.8 floor, the only
-    # one under which both fit; the fluid sum's sizes too) ends both at 1,560 s; one
-    # after the other on 4 they end at 1,000 and 2,000 s: sooner on average, so one
-    # waits.
+    # one under which both fit) ends both at 1,560 s; one after the other on 4 they
+    # end at 1,000 and 2,000 s: sooner on average, so one waits.
     jobs = [job(i, 4, model(4, 1000, sizes={2: 1.56})) for i in (1, 2)]
     plan = jigsaw.schedule(snap(nodes(1, 4), *jobs))
     assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 4)]
@@ -335,7 +354,7 @@ def test_the_job_that_costs_the_cluster_least_to_finish_goes_first() -> None:
     # the wide one 480, so the narrow one goes first (shortest time first would not).
     wide = job(1, 8, model(8, 60))
     narrow = job(2, 1, model(1, 100))
-    plan = jigsaw.schedule(snap(nodes(1, 8), wide, narrow), LOADED)
+    plan = jigsaw.schedule(snap(nodes(1, 8), wide, narrow))
     assert [p.job_id for p in plan.start] == [2]
 
 
@@ -346,18 +365,13 @@ def test_a_job_that_would_set_the_makespan_starts_ahead_of_longer_queues() -> No
     long = job(1, 1, model(1, 4000))
     shorts = [job(i, 1, model(1, 1200)) for i in (2, 3, 4)]
     cluster = nodes(1, 2)
-    plan = jigsaw.schedule(snap(cluster, long, *shorts), LOADED)
+    plan = jigsaw.schedule(snap(cluster, long, *shorts))
     assert sorted(p.job_id for p in plan.start) == [1, 2]
-    plan = jigsaw.schedule(
-        snap(cluster, long, *shorts), JigsawParams(straggler_drain=0.0, fluid_load=0)
-    )
+    plan = jigsaw.schedule(snap(cluster, long, *shorts), JigsawParams(straggler_drain=0.0))
     assert sorted(p.job_id for p in plan.start) == [2, 3]
     # With more short work queued the cluster needs longer than the job: no hurry.
     more = [*shorts, job(5, 1, model(1, 1200))]
-    assert sorted(p.job_id for p in jigsaw.schedule(snap(cluster, long, *more), LOADED).start) == [
-        2,
-        3,
-    ]
+    assert sorted(p.job_id for p in jigsaw.schedule(snap(cluster, long, *more)).start) == [2, 3]
 
 
 def _long(job_id: int, iterations: int, gpus: tuple[int, ...] = ()) -> JobView:
@@ -447,15 +461,13 @@ def test_a_long_job_grows_only_as_far_as_it_uses_gpus_well_before_others_grow() 
     # job (12,000 s on 4, 83% of its best on 8) grows into the rest.
     long = job(1, 2, model(2, 20_000, sizes={4: 0.55, 8: 0.4}))
     short = job(2, 4, model(4, 12_000, sizes={8: 0.6}))
-    plan = jigsaw.schedule(snap(nodes(1, 12), long, short), LOADED)
+    plan = jigsaw.schedule(snap(nodes(1, 12), long, short))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 8}
     # Without the floor the long job takes every idle GPU.
-    plan = jigsaw.schedule(
-        snap(nodes(1, 12), long, short), JigsawParams(grow_floor=0.0, fluid_load=0)
-    )
+    plan = jigsaw.schedule(snap(nodes(1, 12), long, short), JigsawParams(grow_floor=0.0))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 8, 2: 4}
     # Alone, it still grows as far as finishing sooner goes.
-    plan = jigsaw.schedule(snap(nodes(1, 12), long), LOADED)
+    plan = jigsaw.schedule(snap(nodes(1, 12), long))
     assert [len(p.gpu_ids) for p in plan.start] == [8]
 
 
@@ -467,11 +479,9 @@ def test_jobs_that_will_run_until_the_cluster_drains_grow_longest_first() -> Non
     # and leave the longer alone at the end (10,000 and 20,000 s).
     shorter = job(1, 2, model(2, 20_000, sizes={4: 0.5}))
     longer = job(2, 2, model(2, 30_000, sizes={4: 0.5}))
-    plan = jigsaw.schedule(snap(nodes(1, 6), shorter, longer), LOADED)
+    plan = jigsaw.schedule(snap(nodes(1, 6), shorter, longer))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 2, 2: 4}
-    plan = jigsaw.schedule(
-        snap(nodes(1, 6), shorter, longer), JigsawParams(tail_share=0.0, fluid_load=0)
-    )
+    plan = jigsaw.schedule(snap(nodes(1, 6), shorter, longer), JigsawParams(tail_share=0.0))
     assert {p.job_id: len(p.gpu_ids) for p in plan.start} == {1: 4, 2: 2}
 
 
@@ -552,15 +562,15 @@ def test_a_gang_faster_on_fewer_gpus_shrinks_to_its_first_ones() -> None:
     )
     compact = job(1, 4, narrower, state=JobState.RUNNING, gpus=(102, 103, 100, 101))
     held = nodes(2, 4, held=dict.fromkeys((100, 101, 102, 103), 1))
-    plan = jigsaw.schedule(snap(held, compact), LOADED)
+    plan = jigsaw.schedule(snap(held, compact))
     assert [(p.job_id, p.gpu_ids) for p in plan.start] == [(1, (102, 103))]
     assert plan.suspend == (1,)
     elastic = replace(compact, sizes=(4, 2, 1))
-    assert jigsaw.schedule(snap(held, elastic), LOADED).resize == (Resize(1, (102, 103)),)
+    assert jigsaw.schedule(snap(held, elastic)).resize == (Resize(1, (102, 103)),)
     close = JobModel(
         iterations_total=10_000, workers=4, steps={4: {1: (1.0, 0.0)}, 2: {1: (0.95, 0.0)}}
     )
-    assert jigsaw.schedule(snap(held, replace(compact, model=close)), LOADED) == Plan()
+    assert jigsaw.schedule(snap(held, replace(compact, model=close))) == Plan()
 
 
 def test_a_running_job_near_its_end_grows_when_that_saves_a_share_of_what_it_has_left() -> None:
@@ -571,16 +581,14 @@ def test_a_running_job_near_its_end_grows_when_that_saves_a_share_of_what_it_has
         return job(1, 2, near_end, state=JobState.RUNNING, gpus=(100, 101))
 
     held = nodes(1, 4, held={100: 1, 101: 1})
-    plan = jigsaw.schedule(snap(held, running(1000)), LOADED)
+    plan = jigsaw.schedule(snap(held, running(1000)))
     assert [(p.job_id, len(p.gpu_ids)) for p in plan.start] == [(1, 4)]
     assert plan.suspend == (1,)
     # With 10,000 s to go the 5,500 s saving is worth the move too; with 1,000 s and
     # the share above 55% (or none), 550 s is not.
-    assert [len(p.gpu_ids) for p in jigsaw.schedule(snap(held, running(10_000)), LOADED).start] == [
-        4
-    ]
+    assert [len(p.gpu_ids) for p in jigsaw.schedule(snap(held, running(10_000))).start] == [4]
     for share in (0.6, 1.0):
-        strict = JigsawParams(min_grow_share=share, fluid_load=0)
+        strict = JigsawParams(min_grow_share=share)
         assert jigsaw.schedule(snap(held, running(1000)), strict) == Plan()
 
 
@@ -591,7 +599,7 @@ def test_a_running_job_grows_where_it_runs_when_it_fits_there() -> None:
     grows = job(1, 1, model(1, 100_000, sizes={2: 0.5}), state=JobState.RUNNING, gpus=(100,))
     other = job(2, 2, model(2, 100_000), state=JobState.RUNNING, gpus=(200, 201))
     held = nodes(2, 4, held={100: 1, 200: 2, 201: 2})
-    plan = jigsaw.schedule(snap(held, grows, other), LOADED)
+    plan = jigsaw.schedule(snap(held, grows, other))
     assert [(p.job_id, p.gpu_ids) for p in plan.start] == [(1, (100, 101))]
     assert plan.suspend == (1,)
 

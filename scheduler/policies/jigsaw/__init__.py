@@ -43,9 +43,9 @@ over jobs divided by the GPUs. Each round:
    admitting everyone is better where width buys little. The floors are a low one and
    high ones: a middle floor's sizes are what growth reaches from a high one's where
    GPUs stay idle. At light load (what the jobs ask for at most `fluid_load` times
-   the GPUs) the sizes that maximise the sum of each job's completion rate to the
-   power `fluid_exponent` (`fluid`: the short jobs wider, GPUs spread over all) are
-   admitted instead where their completion sum is no larger.
+   the GPUs) adaptive jobs may take the sizes that maximise the sum of each job's
+   completion rate to the power `fluid_exponent` (`fluid`: the short jobs wider, GPUs
+   spread over all), admitted instead where their completion sum is no larger.
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
    suspended. Kept jobs stay where they are; newcomers and moved jobs are

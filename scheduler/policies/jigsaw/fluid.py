@@ -14,9 +14,13 @@ one more candidate beside the shrink floor's, taken when their completion sum
 spreading GPUs over many jobs runs everyone slowly where queueing some ends them
 sooner, and the floors decide alone.
 
-Only jobs with a speed model are sized so; guests keep what they hold and jobs without
-a model the size admission gave them. Not while a job is paced or starving, or jobs of
-several priorities wait (the sum knows neither).
+Only adaptive jobs (`batch: {adaptive: true}`: a model with a batch per size) are sized
+so: their goodput grows with GPUs far past what a fixed batch uses, which growth in
+order overshoots; fixed-batch jobs, guests and jobs without a model keep the size
+admission gave them (sized so, fixed-batch jobs moved within their noise, their
+median JCT against Tiresias 1.2 points higher: `docs/results/elastic-sim.md`). Not
+while a job is paced or starving, or jobs of several priorities wait (the sum knows
+neither).
 
 Cost: O(J x S) numpy steps over the G GPUs (`scheduler.core.shares`) for J jobs of S
 sizes, in the rounds it applies to: at most `fluid_load` x G GPUs asked for.
@@ -63,14 +67,11 @@ def sizes(
 ) -> dict[int, int]:
     """The GPUs of each job admitted this round (absent: not admitted) out of
     `capacity`: the fluid sum's sizes where their completion sum is no larger than
-    that of `admitted` (the shrink floor's), else `admitted`. Guests and jobs without
-    a speed model keep their size in `admitted`."""
-    fixed = {
-        job.id: admitted[job.id]
-        for job in ordered
-        if job.id in admitted and (job.id in guests or job.model is None)
-    }
-    sized = [job for job in ordered if job.id not in guests and job.model is not None]
+    that of `admitted` (the shrink floor's), else `admitted`. Only adaptive jobs are
+    sized; the others keep their size in `admitted`."""
+    sized = [job for job in ordered if job.id not in guests and _adaptive(job)]
+    ids = {job.id for job in sized}
+    fixed = {job_id: size for job_id, size in admitted.items() if job_id not in ids}
     left = capacity - sum(fixed.values())
     if left <= 0 or not sized:
         return admitted
@@ -85,6 +86,10 @@ def sizes(
     if completion_sum(first, given, capacity) <= completion_sum(ordered, rule, capacity):
         return fluid
     return admitted
+
+
+def _adaptive(job: JobView) -> bool:
+    return job.model is not None and bool(job.model.batches)
 
 
 @dataclass(frozen=True)
