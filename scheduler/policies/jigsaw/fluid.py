@@ -23,7 +23,9 @@ while a job is paced or starving, or jobs of several priorities wait (the sum kn
 neither).
 
 Cost: O(J x S) numpy steps over the G GPUs (`scheduler.core.shares`) for J jobs of S
-sizes, in the rounds it applies to: at most `fluid_load` x G GPUs asked for.
+sizes, in the rounds it applies to: at most `fluid_load` x G GPUs asked for and J x G
+at most `fluid_max_cells` (with 7 sizes a job: 6 ms for 160 jobs on 64 GPUs, 0.5 s for
+3,000 jobs on 8,192 GPUs, on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -67,13 +69,14 @@ def sizes(
 ) -> dict[int, int]:
     """The GPUs of each job admitted this round (absent: not admitted) out of
     `capacity`: the fluid sum's sizes where their completion sum is no larger than
-    that of `admitted` (the shrink floor's), else `admitted`. Only adaptive jobs are
-    sized; the others keep their size in `admitted`."""
+    that of `admitted` (the shrink floor's), else `admitted` (also where the program
+    would pass `fluid_max_cells`). Only adaptive jobs are sized; the others keep their
+    size in `admitted`."""
     sized = [job for job in ordered if job.id not in guests and _adaptive(job)]
     ids = {job.id for job in sized}
     fixed = {job_id: size for job_id, size in admitted.items() if job_id not in ids}
     left = capacity - sum(fixed.values())
-    if left <= 0 or not sized:
+    if left <= 0 or not sized or len(sized) * left > params.fluid_max_cells:
         return admitted
     scores = [_scores(job, left, rule.per_node, params, rank) for rank, job in enumerate(sized)]
     counts = allocate(scores, left)

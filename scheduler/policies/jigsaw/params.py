@@ -170,6 +170,13 @@ class JigsawParams(BaseModel):
         description="Seconds the fluid sum adds to a job's time at a size other than "
         "what it holds, beyond what the move costs it, so that it moves for a clear gain.",
     )
+    fluid_max_cells: int = Field(
+        default=10_000_000,
+        ge=0,
+        description="Most jobs x GPUs the fluid sum's program may take in a round; above, "
+        "the round sizes jobs as under load (its cost grows with both: 0.5 s measured "
+        "for 3,000 jobs on 8,192 GPUs).",
+    )
     configs: tuple[SPBConfig, ...] = Field(
         default=CONFIGS, min_length=1, description="The SPB configurations JigSaw chooses from."
     )
