@@ -82,9 +82,7 @@ def sizes(
     counts = allocate(scores, left)
     fluid = {**fixed, **{job.id: n for job, n in zip(sized, counts, strict=True) if n}}
     # Those started now first, then the rest in order as GPUs free up.
-    first = [job for job in ordered if job.id in fluid] + [
-        job for job in ordered if job.id not in fluid
-    ]
+    first = sorted(ordered, key=lambda job: job.id not in fluid)
     given = _Given(rule.per_node, rule.floor, rule.long_seconds, rule.long_floor, rule.paced, fluid)
     if completion_sum(first, given, capacity) <= completion_sum(ordered, rule, capacity):
         return fluid

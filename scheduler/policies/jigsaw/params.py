@@ -155,8 +155,8 @@ class JigsawParams(BaseModel):
         default=3.0,
         ge=0.0,
         description="While what the jobs ask for is at most this many times the GPUs, "
-        "jobs are sized by the fluid sum (`fluid`) instead of the shrink floors "
-        "(0: never).",
+        "adaptive jobs may be sized by the fluid sum (`fluid`) instead of the shrink "
+        "floor, where that ends the jobs no later on average (0: never).",
     )
     fluid_exponent: float = Field(
         default=0.5,
