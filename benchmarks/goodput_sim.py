@@ -371,6 +371,16 @@ Pollux's policy with this sum in place of its objective (no order, floors, growt
 pacing; a scratch run): 1,468 / 2,315 / 4,130 / 5,666 s: the sum is what gains at light load,
 JigSaw's order and floors under contention. The -10% against Pollux's published means
 at 0.5x and 1.5x is still not met.
+
+**A fluid growth where the job runs.** The sum's growths are made in admission, which
+placed every resized job anew: on the live cluster a job grown so could land off its
+GPUs (a restart, not a growth in place) and push a job it displaced off its own. A
+running job sized up now grows around its GPUs where its node has room, onto GPUs that
+other resized jobs hold last (`sizing.admit`; a shrink still takes the best-fit GPUs:
+kept in place, the fixed batches' mean JCT on the eight rose 0.4%). The simulator charges
+both the restart, so the figures only move by where GPUs go: windows 0-15, 0.5x 1,500 ->
+1,504 s, 1.0x 2,336 -> 2,338 s, 1.5x 3,763 -> 3,760 s, 2x 5,160 -> 5,155 s; fixed batches
+unchanged.
 """
 VARIANTS = {  # name: (policy, adaptive batch)
     "jigsaw goodput": ("jigsaw", True),

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from jigsaw.jobspec import ElasticRange, Hyperparameters, SPBConfig
+from jigsaw.jobspec import BatchPolicy, ElasticRange, Hyperparameters, SPBConfig
 from scheduler.core.interference import Sharing
 from scheduler.core.plan import Plan
 from scheduler.core.snapshot import ClusterSnapshot
@@ -188,3 +188,89 @@ def _recording_loop(
     )
     loop = SchedulerService(factory, SimulatedDispatcher(iterations_per_second=5), settings)
     return loop, recorded
+
+
+def test_replayed_snapshots_give_the_fluid_sizes_of_the_real_loop(
+    factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two adaptive elastic jobs of 1 GPU on 4, one a little shorter: once their models
+    are measured, the fluid sum (light load) gives them 2 GPUs each by resizes where
+    growth in order gives the shorter one 3."""
+    add_nodes(factory, {"a": 4})
+    ids = [
+        add_job(
+            factory,
+            workers=1,
+            max_iterations=iterations,
+            elastic=ElasticRange(min_workers=1, max_workers=4),
+            batch=BatchPolicy.model_validate({"max": 384, "adaptive": True}),
+            hyperparameters=Hyperparameters(batch_size=48, learning_rate=0.1),
+        )
+        for iterations in (30_000, 40_000)
+    ]
+    with transaction(factory) as session:
+        # Submitted as the loop's clock reads, so that JigSaw does not pace them.
+        session.execute(update(Job).values(created_at=T0))
+    loop, recorded = _recording_loop(factory, monkeypatch)
+    for second in range(10):
+        loop.run_round(T0 + timedelta(seconds=second))
+        report_adaptive(factory, recorded)
+
+    monkeypatch.undo()
+    replay = get_policy("jigsaw", policy_params("jigsaw", sharing=Sharing.TIME_SLICING))
+    snapshots = [pickle.loads(frozen) for frozen, _ in recorded]
+    assert [replay(snapshot) for snapshot in snapshots] == [plan for _, plan in recorded]
+
+    with transaction(factory) as session:
+        held = Counter(
+            session.scalars(select(Allocation.job_id).where(Allocation.released_at.is_(None)))
+        )
+    assert held == dict.fromkeys(ids, 2)
+    # The round that spread them: both on one GPU with measured models, each grown to 2
+    # around the GPU it held (in place on a real agent), not 3 and 1 as growth in order
+    # would have them.
+    spread = next(i for i, (_, plan) in enumerate(recorded) if plan.resize)
+    before = {job.id: job for job in snapshots[spread].jobs}
+    assert all(job.model is not None and job.model.batches for job in before.values())
+    resize = recorded[spread][1].resize
+    assert {r.job_id: len(r.gpu_ids) for r in resize} == dict.fromkeys(ids, 2)
+    assert all(set(before[r.job_id].allocated_gpu_ids) < set(r.gpu_ids) for r in resize)
+    without = get_policy(
+        "jigsaw", policy_params("jigsaw", sharing=Sharing.TIME_SLICING, fluid_load=0)
+    )
+    resize = without(snapshots[spread]).resize
+    assert {r.job_id: len(r.gpu_ids) for r in resize} == {ids[0]: 3, ids[1]: 1}
+
+
+def report_adaptive(factory: sessionmaker[Session], recorded: list[tuple[bytes, Plan]]) -> None:
+    """Five iterations up to each running job's progress at the size it holds and the
+    batch its newest placement or resize gave it, with the gradient noise of a job whose
+    best batch grows with its GPUs: a sample's compute takes 2 ms, synchronising 50 ms."""
+    batch: dict[int, int] = {}
+    for _, plan in recorded:
+        for change in (*plan.start, *plan.resize):
+            batch[change.job_id] = change.global_batch or 48
+    with transaction(factory) as session:
+        workers = Counter(
+            session.scalars(select(Allocation.job_id).where(Allocation.released_at.is_(None)))
+        )
+        done = dict(
+            session.execute(
+                select(Job.id, Job.iterations_done).where(Job.state == JobState.RUNNING.value)
+            ).all()
+        )
+        rows = [
+            {
+                "job_id": job_id,
+                "iteration": i,
+                "step_seconds": 0.05 + 0.002 * batch[job_id] / workers[job_id],
+                "comm_seconds": 0.05,
+                "workers": workers[job_id],
+                "batch_size": batch[job_id],
+                "grad_sqr": 1.0,
+                "grad_var": 200.0,
+            }
+            for job_id, iterations in done.items()
+            for i in range(max(iterations - 5, 0), iterations)
+        ]
+        record(session, rows)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from jigsaw import spb
@@ -87,16 +87,20 @@ class FreePool:
         nodes = {gpu.node_id for gpu in held}
         return len(nodes) == 1 and len(self._gpus.get(nodes.pop(), ())) + len(held) >= workers
 
-    def take_around(self, workers: int, kept: Sequence[GPUView]) -> list[GPUView] | None:
+    def take_around(
+        self, workers: int, kept: Sequence[GPUView], avoid: Collection[int] = ()
+    ) -> list[GPUView] | None:
         """`workers` GPUs of the one node of `kept` (free, in their order first, then the
-        node's others by index): a gang grown where it runs, which the cluster does in
-        place; None and take nothing when they are on several nodes or too few."""
+        node's others by index, those in `avoid` last): a gang grown or shrunk where it
+        runs, which the cluster does in place; None and take nothing when they are on
+        several nodes or too few."""
         nodes = {gpu.node_id for gpu in kept}
         free = self._gpus.get(next(iter(nodes)), []) if len(nodes) == 1 else []
         ids = {gpu.id for gpu in kept}
         if len(free) < workers or not ids <= {gpu.id for gpu in free}:
             return None
-        taken = list(kept) + [gpu for gpu in free if gpu.id not in ids][: workers - len(kept)]
+        others = sorted((gpu for gpu in free if gpu.id not in ids), key=lambda g: g.id in avoid)
+        taken = list(kept) + others[: workers - len(kept)]
         self._reset(free[0].node_id, [gpu for gpu in free if gpu not in taken])
         self.total -= len(taken)
         return taken

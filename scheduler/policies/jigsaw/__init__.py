@@ -48,8 +48,9 @@ over jobs divided by the GPUs. Each round:
    spread over all), admitted instead where their completion sum is no larger.
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
-   suspended. Kept jobs stay where they are; newcomers and moved jobs are
-   gang-placed on free GPUs; running jobs not admitted keep running where nobody took
+   suspended. Kept jobs stay where they are; a running job sized up grows around its
+   GPUs where its node has room (in place on the cluster); newcomers and other moved
+   jobs are gang-placed on free GPUs; running jobs not admitted keep running where nobody took
    their GPUs. GPUs still free then grow placed jobs, in order, each to the size
    (including more than it asked for) that finishes it soonest on the nodes those GPUs
    are on (or to fewer GPUs where that is faster: a gang spread over more nodes than its
