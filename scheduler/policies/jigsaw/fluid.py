@@ -22,17 +22,20 @@ median JCT against Tiresias 1.2 points higher: `docs/results/elastic-sim.md`). N
 while a job is paced or starving, or jobs of several priorities wait (the sum knows
 neither).
 
-Cost: O(J x S) numpy steps over the G GPUs (`scheduler.core.shares`) for J jobs of S
-sizes, in the rounds it applies to: at most `fluid_load` x G GPUs asked for and J x G
-at most `fluid_max_cells` (with 7 sizes a job: 6 ms for 160 jobs on 64 GPUs, 0.5 s for
-3,000 jobs on 8,192 GPUs, on a 2-core machine).
+Cost, in the rounds it applies to (at most `fluid_load` x G GPUs asked for): for J
+jobs of S sizes, O(J x S) numpy steps over the G GPUs where J x G is at most
+`fluid_max_cells` (`shares.allocate`, exact: with 10 sizes a job, 7 ms for 160 jobs on
+64 GPUs, 1 s for 3,000 jobs on 8,192, on a 2-core machine), else O(J x S) per step of a
+bisection (`shares.relax`, the Lagrangian relaxation: 22 ms for those 3,000 jobs, the
+same sizes there; on a few jobs it can miss the optimum by a few percent, where the
+exact program is cheap).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from scheduler.core.shares import allocate
+from scheduler.core.shares import allocate, relax
 from scheduler.core.snapshot import ClusterSnapshot, JobView
 from scheduler.policies.jigsaw import resizing
 from scheduler.policies.jigsaw.ordering import starving
@@ -69,17 +72,17 @@ def sizes(
 ) -> dict[int, int]:
     """The GPUs of each job admitted this round (absent: not admitted) out of
     `capacity`: the fluid sum's sizes where their completion sum is no larger than
-    that of `admitted` (the shrink floor's), else `admitted` (also where the program
-    would pass `fluid_max_cells`). Only adaptive jobs are sized; the others keep their
-    size in `admitted`."""
+    that of `admitted` (the shrink floor's), else `admitted`. Only adaptive jobs are
+    sized; the others keep their size in `admitted`."""
     sized = [job for job in ordered if job.id not in guests and _adaptive(job)]
     ids = {job.id for job in sized}
     fixed = {job_id: size for job_id, size in admitted.items() if job_id not in ids}
     left = capacity - sum(fixed.values())
-    if left <= 0 or not sized or len(sized) * left > params.fluid_max_cells:
+    if left <= 0 or not sized:
         return admitted
     scores = [_scores(job, left, rule.per_node, params, rank) for rank, job in enumerate(sized)]
-    counts = allocate(scores, left)
+    exact = len(sized) * left <= params.fluid_max_cells
+    counts = allocate(scores, left) if exact else relax(scores, left)
     fluid = {**fixed, **{job.id: n for job, n in zip(sized, counts, strict=True) if n}}
     # Those started now first, then the rest in order as GPUs free up.
     first = sorted(ordered, key=lambda job: job.id not in fluid)

@@ -173,9 +173,9 @@ class JigsawParams(BaseModel):
     fluid_max_cells: int = Field(
         default=10_000_000,
         ge=0,
-        description="Most jobs x GPUs the fluid sum's program may take in a round; above, "
-        "the round sizes jobs as under load (its cost grows with both: 0.5 s measured "
-        "for 3,000 jobs on 8,192 GPUs).",
+        description="Most jobs x GPUs for which the fluid sum is solved exactly (its "
+        "program's cost grows with both: 1 s measured for 3,000 jobs on 8,192 GPUs); "
+        "above, by its Lagrangian relaxation (`scheduler.core.shares.relax`).",
     )
     configs: tuple[SPBConfig, ...] = Field(
         default=CONFIGS, min_length=1, description="The SPB configurations JigSaw chooses from."
