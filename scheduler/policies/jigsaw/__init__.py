@@ -50,8 +50,8 @@ over jobs divided by the GPUs. Each round:
    order, and shrink to it (move) when a job ahead needs them, instead of being
    suspended. Kept jobs stay where they are; a running job sized up grows around its
    GPUs where its node has room (in place on the cluster); newcomers and other moved
-   jobs are gang-placed on free GPUs; running jobs not admitted keep running where nobody took
-   their GPUs. GPUs still free then grow placed jobs, in order, each to the size
+   jobs are gang-placed on free GPUs; running jobs not admitted keep running where
+   nobody took their GPUs. GPUs still free then grow placed jobs, in order, each to the size
    (including more than it asked for) that finishes it soonest on the nodes those GPUs
    are on (or to fewer GPUs where that is faster: a gang spread over more nodes than its
    size needs gathers on fewer, at its size where GPUs there are free; one measured

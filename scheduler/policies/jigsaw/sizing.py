@@ -159,9 +159,9 @@ def admit(
     """Put the admitted jobs (those `size` holds) on `layout`: a running job whose size
     is what it holds stays where it is, one sized up grows around its GPUs where its
     node has room, the others are gang-placed on free GPUs (none of `packed`, where
-    guests run); running jobs not admitted then keep running where
-    no newcomer took their GPUs. An admitted guest moves to GPUs of its own when there
-    are any, else it runs on where it is packed (`growth.keep_guests`)."""
+    guests run); running jobs not admitted then keep running where no newcomer took
+    their GPUs. An admitted guest moves to GPUs of its own when there are any, else it
+    runs on where it is packed (`growth.keep_guests`)."""
     admitted = [job for job in ordered if job.id in size]
     for job in admitted:
         if job.holding and job.id not in guests and size[job.id] == len(job.allocated_gpu_ids):
@@ -205,9 +205,10 @@ def _around(
     pool: FreePool, job: JobView, workers: int, usable: dict[int, GPUView], resized: set[int]
 ) -> list[GPUView] | None:
     """A running job's larger gang around the GPUs it holds, if its node has room:
-    those and the node's free ones, those of other `resized` jobs last (the cluster grows it in
-    place, not by a restart). None: no such gang, or a shrink (placed as a newcomer is:
-    keeping its GPUs there fragments the nodes, and cost the simulated JCTs 0.4%)."""
+    those and the node's free ones, those of other `resized` jobs last (the cluster
+    grows it in place, not by a restart). None: no such gang, or a shrink (placed as a
+    newcomer is: keeping its GPUs there fragments the nodes, and cost the simulated
+    JCTs 0.4%)."""
     mine = [usable[g] for g in job.allocated_gpu_ids if g in usable]
     if not mine or len(mine) < len(job.allocated_gpu_ids) or workers < len(mine):
         return None
