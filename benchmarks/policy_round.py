@@ -153,10 +153,10 @@ def _fluid(snapshot: ClusterSnapshot) -> str:
     params = jigsaw.DEFAULTS
     jobs = candidates(snapshot)
     gpus = snapshot.alive_gpu_count()
-    adaptive = [job for job in jobs if job.model is not None and job.model.batches]
+    adaptive = [job for job in jobs if fluid.adaptive(job)]
     if not adaptive or not fluid.applies(snapshot, jobs, gpus, {}, params):
         return "no"
-    return "exact" if len(adaptive) * gpus <= params.fluid_max_cells else "relaxed"
+    return "exact" if fluid.exact(len(adaptive), gpus, params) else "relaxed"
 
 
 if __name__ == "__main__":

@@ -74,15 +74,14 @@ def sizes(
     `capacity`: the fluid sum's sizes where their completion sum is no larger than
     that of `admitted` (the shrink floor's), else `admitted`. Only adaptive jobs are
     sized; the others keep their size in `admitted`."""
-    sized = [job for job in ordered if job.id not in guests and _adaptive(job)]
+    sized = [job for job in ordered if job.id not in guests and adaptive(job)]
     ids = {job.id for job in sized}
     fixed = {job_id: size for job_id, size in admitted.items() if job_id not in ids}
     left = capacity - sum(fixed.values())
     if left <= 0 or not sized:
         return admitted
     scores = [_scores(job, left, rule.per_node, params, rank) for rank, job in enumerate(sized)]
-    exact = len(sized) * left <= params.fluid_max_cells
-    counts = allocate(scores, left) if exact else relax(scores, left)
+    counts = allocate(scores, left) if exact(len(sized), left, params) else relax(scores, left)
     fluid = {**fixed, **{job.id: n for job, n in zip(sized, counts, strict=True) if n}}
     # Those started now first, then the rest in order as GPUs free up.
     first = sorted(ordered, key=lambda job: job.id not in fluid)
@@ -92,8 +91,14 @@ def sizes(
     return admitted
 
 
-def _adaptive(job: JobView) -> bool:
+def adaptive(job: JobView) -> bool:
+    """Whether the sum sizes `job`: it has a model with a batch per size."""
     return job.model is not None and bool(job.model.batches)
+
+
+def exact(jobs: int, gpus: int, params: JigsawParams) -> bool:
+    """Whether the sum over `jobs` on `gpus` is solved exactly (else relaxed)."""
+    return jobs * gpus <= params.fluid_max_cells
 
 
 @dataclass(frozen=True)
