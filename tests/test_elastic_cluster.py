@@ -40,9 +40,16 @@ FIXED = {"name": "fixed", "workload": "digits-mlp", "max_iterations": 150}
 
 @contextmanager
 def _one_node(home: Path, policy: str, **env: str) -> Iterator[tuple[Cluster, JigsawClient]]:
-    """`jigsaw up` under `policy` (leases of 20 iterations) with one agent of 2 GPUs."""
+    """`jigsaw up` under `policy` (leases of 20 iterations) with one agent of 2 GPUs. Its
+    heartbeats may come late on a loaded machine without it being lost: a job requeued
+    so restarts at the batch and size its placement picks, without the resizes these
+    tests watch (seen in CI with the suite's 4 s timeout)."""
     with cluster(
-        home, JIGSAW_SCHEDULER_POLICY=policy, JIGSAW_SCHEDULER_LEASE_ITERATIONS="20", **env
+        home,
+        JIGSAW_SCHEDULER_POLICY=policy,
+        JIGSAW_SCHEDULER_LEASE_ITERATIONS="20",
+        JIGSAW_SCHEDULER_AGENT_TIMEOUT_SECONDS="30",
+        **env,
     ) as c:
         c.start_agent("agent-a", gpus=2)
         c.wait_nodes(alive=1)
@@ -99,7 +106,7 @@ def test_jigsaw_changes_an_adaptive_jobs_batch_in_place_as_its_goodput_says(
         c.wait_success(job)
         events = client.events(job)["items"]
         rebatched = [e["data"] for e in events if e["kind"] == "resized"]
-        assert rebatched, [e["kind"] for e in events]
+        assert rebatched, [(e["kind"], e["data"]) for e in events]
         for data in rebatched:
             assert (data["from_workers"], data["to_workers"]) == (2, 2)
             assert data["mechanism"] == "in-place" and 64 <= data["global_batch"] <= 512
