@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from tests.cluster import (
-    AGENT_TIMEOUT_SECONDS,
     CHECKPOINT_EVERY,
+    LOSE_AGENTS_FAST,
+    LOST_AGENT_SECONDS,
     Cluster,
     cluster,
     ended,
@@ -220,7 +221,7 @@ def _underway(c: Cluster, client: Any, spec: dict[str, Any] | None = None) -> in
 def test_a_killed_agent_loses_its_job_which_resumes_from_its_checkpoint_elsewhere(
     request: pytest.FixtureRequest, tmp_path: Path, backend: str
 ) -> None:
-    with cluster(tmp_path, **_database(request, backend)) as c:
+    with cluster(tmp_path, **_database(request, backend), **LOSE_AGENTS_FAST) as c:
         c.start_agent("agent-a", gpus=1)
         c.start_agent("agent-b", gpus=1)
         c.wait_nodes(alive=2)
@@ -256,7 +257,7 @@ def test_a_job_whose_agent_fell_silent_past_the_timeout_runs_once_more_and_succe
     # 50 ms a step whatever the load: the stale run still has most of its 30 s to go when
     # the agent speaks again (a CPU-bound job sometimes ended during the pause).
     slow = {"name": "slow", "workload": "tests.runtime_helpers:SlowTrial", "max_iterations": 600}
-    with cluster(tmp_path, **_database(request, backend)) as c:
+    with cluster(tmp_path, **_database(request, backend), **LOSE_AGENTS_FAST) as c:
         agent = c.start_agent("agent-a", gpus=1)
         c.wait_nodes(alive=1)
         with c.client() as client:
@@ -280,14 +281,15 @@ def test_a_scheduler_restart_keeps_jobs_running_without_a_second_launch(
     request: pytest.FixtureRequest, tmp_path: Path, backend: str
 ) -> None:
     # The agent redials every second at most: it is back soon after the scheduler is.
-    env = {**_database(request, backend), "JIGSAW_AGENT_RECONNECT_MAX_SECONDS": "1"}
-    with cluster(tmp_path, **env) as c:
+    env = {**_database(request, backend), **LOSE_AGENTS_FAST}
+    with cluster(tmp_path, JIGSAW_AGENT_RECONNECT_MAX_SECONDS="1", **env) as c:
         c.start_agent("agent-a", gpus=1)
         c.wait_nodes(alive=1)
         with c.client() as client:
-            job_id = client.submit(
-                {"name": "digits", "workload": "digits-mlp", "max_iterations": 4000}
-            )["id"]
+            # 50 ms a step: 30 s in all, most of it after the scheduler is back (the
+            # digits MLP's 4,000 steps once ended while it was away).
+            slow = {"name": "slow", "workload": "tests.runtime_helpers:SlowTrial"}
+            job_id = client.submit({**slow, "max_iterations": 600})["id"]
         c.wait_job(job_id, lambda j: j["iterations_done"] > 5, "underway")
         pids = worker_pids(tmp_path)
 
@@ -297,7 +299,7 @@ def test_a_scheduler_restart_keeps_jobs_running_without_a_second_launch(
         # Away for longer than an agent may be silent: what it sent meanwhile reached no
         # scheduler, so the new one times it from its own start, not from its last
         # heartbeat (else it would requeue the job and launch it again).
-        time.sleep(AGENT_TIMEOUT_SECONDS * 1.5)
+        time.sleep(LOST_AGENT_SECONDS * 1.5)
         assert worker_pids(tmp_path) == pids  # training goes on while the scheduler is away
         c.start_server()
 
