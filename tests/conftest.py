@@ -100,8 +100,15 @@ class LiveApi:
     engine: Engine
 
     def client(self, token: str | None) -> httpx.Client:
+        # 30 s, not httpx's 5: a loaded CI host stalls for seconds (the first schema
+        # request timed out so).
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+
+    def get(self, path: str) -> httpx.Response:
+        """A GET without a token (the OpenAPI schema, /metrics)."""
+        with self.client(None) as anonymous:
+            return anonymous.get(path)
 
 
 @pytest.fixture

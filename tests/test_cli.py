@@ -228,7 +228,7 @@ def test_token_create_user(server: Server) -> None:
     token = result.stdout.strip()
     assert result.stdout == token + "\n" and token.startswith("jsu_")
     response = httpx.get(
-        f"{server.url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=5
+        f"{server.url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=30
     )
     assert response.status_code == 200
     assert "carol" in response.text
@@ -467,7 +467,7 @@ def test_credentials_file_is_private_and_reused(tmp_path: Path) -> None:
         assert again.url == second.url  # the URL follows the latest server
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         response = httpx.get(
-            f"{second.url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=5
+            f"{second.url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
         assert response.status_code == 200
 

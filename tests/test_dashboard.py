@@ -90,10 +90,10 @@ def test_every_page_loads_and_follows_a_training_job(server: Server, browser: ob
         page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
 
     # Served with a strict policy; the page itself needs no token, the data does.
-    index = httpx.get(f"{server.url}/ui/")
+    index = httpx.get(f"{server.url}/ui/", timeout=30)
     assert index.status_code == 200
     assert "script-src 'self'" in index.headers["content-security-policy"]
-    assert httpx.get(f"{server.url}/v1/cluster").status_code == 401
+    assert httpx.get(f"{server.url}/v1/cluster", timeout=30).status_code == 401
 
     # Sign-in: a refused token says so; the real one opens the cluster view.
     page.goto(f"{server.url}/ui/")

@@ -9,7 +9,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, select, text
@@ -88,7 +87,7 @@ def test_rounds_leases_and_totals_through_the_api(
         # Held for an instant of the last hour, with no utilization reported.
         assert totals["efficiency"] == 0 and 0 <= totals["allocation"] < 0.01
 
-        scrape = httpx.get(f"{live_api.base_url}/metrics").text
+        scrape = live_api.get("/metrics").text
         for sample in (
             'jigsaw_gpus{state="busy"} 2.0',
             'jigsaw_nodes{state="alive"} 1.0',

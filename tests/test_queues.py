@@ -85,7 +85,7 @@ def test_a_queue_gets_its_guarantee_back_within_one_lease(live_api: LiveApi) -> 
     a = [add_job(factory, "team-a", 200) for _ in range(4)]
     loop.run_round(T0)
     assert held(factory, "team-a") == 4  # team-b is idle: team-a borrows its two GPUs
-    scrape = httpx.get(f"{live_api.base_url}/metrics").text
+    scrape = live_api.get("/metrics").text
     assert 'jigsaw_queue_borrowed_gpus{queue="team-a"} 2.0' in scrape.splitlines()
 
     b = [add_job(factory, "team-b", 30) for _ in range(2)]
@@ -105,7 +105,7 @@ def test_a_queue_gets_its_guarantee_back_within_one_lease(live_api: LiveApi) -> 
         "jigsaw_admission_wait_time_seconds_count", {"queue": "team-b"}
     )
     assert waited == 2
-    scrape = httpx.get(f"{live_api.base_url}/metrics").text
+    scrape = live_api.get("/metrics").text
     for line in (
         'jigsaw_queue_gpus_in_use{queue="team-a"} 2.0',
         'jigsaw_queue_gpus_in_use{queue="team-b"} 2.0',

@@ -50,7 +50,10 @@ class Replicas:
     engine: Engine
 
     def get(self, url: str, who: str, path: str = "/v1/whoami", **kwargs: Any) -> httpx.Response:
-        return httpx.get(url + path, headers=self.auth(who), timeout=30, **kwargs)
+        return self.request("GET", url, who, path, **kwargs)
+
+    def request(self, method: str, url: str, who: str, path: str, **kwargs: Any) -> httpx.Response:
+        return httpx.request(method, url + path, headers=self.auth(who), timeout=30, **kwargs)
 
     def auth(self, who: str) -> dict[str, str]:
         token = self.tokens.get(who, who)
@@ -122,11 +125,9 @@ def test_admins_list_every_token_users_their_own_never_the_secret(replicas: Repl
 def test_admins_issue_tokens_with_an_expiry_and_users_cannot(replicas: Replicas) -> None:
     r = replicas
     request = {"user": "carol", "expires_in_seconds": 3600, "description": "ci"}
-    assert (
-        httpx.post(r.here + "/v1/tokens", json=request, headers=r.auth("alice")).status_code == 403
-    )
+    assert r.request("POST", r.here, "alice", "/v1/tokens", json=request).status_code == 403
     before = datetime.now(UTC)
-    created = httpx.post(r.here + "/v1/tokens", json=request, headers=r.auth("root"))
+    created = r.request("POST", r.here, "root", "/v1/tokens", json=request)
     after = datetime.now(UTC)
     assert created.status_code == 201, created.text
     body = created.json()
@@ -143,9 +144,9 @@ def test_admins_issue_tokens_with_an_expiry_and_users_cannot(replicas: Replicas)
         {"user": "carol\n"},
         {"kind": "agent", "admin": True},
     ):
-        answer = httpx.post(r.here + "/v1/tokens", json=bad, headers=r.auth("root"))
+        answer = r.request("POST", r.here, "root", "/v1/tokens", json=bad)
         assert answer.status_code == 422, (bad, answer.text)
-    agent = httpx.post(r.here + "/v1/tokens", json={"kind": "agent"}, headers=r.auth("root"))
+    agent = r.request("POST", r.here, "root", "/v1/tokens", json={"kind": "agent"})
     assert agent.status_code == 201 and agent.json()["token"].startswith("jsa_")
 
 
@@ -159,12 +160,10 @@ def test_a_revoked_token_is_refused_at_once_here_and_within_the_cache_period_els
     prefix = r.tokens["alice"][:PREFIX_CHARS]
     # Users cannot revoke (or even find) other users' tokens.
     bob_prefix = r.tokens["bob"][:PREFIX_CHARS]
-    assert (
-        httpx.delete(f"{r.here}/v1/tokens/{bob_prefix}", headers=r.auth("alice")).status_code == 404
-    )
+    assert r.request("DELETE", r.here, "alice", f"/v1/tokens/{bob_prefix}").status_code == 404
     assert r.get(r.here, "bob").status_code == 200
 
-    revoked = httpx.delete(f"{r.here}/v1/tokens/{prefix}", headers=r.auth("root"))
+    revoked = r.request("DELETE", r.here, "root", f"/v1/tokens/{prefix}")
     assert revoked.status_code == 200, revoked.text
     assert revoked.json()["user"] == "alice" and revoked.json()["revoked_at"] is not None
     refused = r.get(r.here, "alice")
@@ -173,16 +172,16 @@ def test_a_revoked_token_is_refused_at_once_here_and_within_the_cache_period_els
     time.sleep(SHORT)  # the other replica's cache period
     assert r.get(r.elsewhere, "alice").status_code == 401
 
-    again = httpx.delete(f"{r.here}/v1/tokens/{prefix}", headers=r.auth("root"))
+    again = r.request("DELETE", r.here, "root", f"/v1/tokens/{prefix}")
     assert again.status_code == 404
     listed = r.get(r.here, "root", "/v1/tokens", params={"revoked": True}).json()
     assert _by_user(listed)["alice"]["revoked_at"] is not None
     assert "alice" not in _by_user(r.get(r.here, "root", "/v1/tokens").json())
     # A user may give up their own token.
-    own = httpx.delete(f"{r.elsewhere}/v1/tokens/{bob_prefix}", headers=r.auth("bob"))
+    own = r.request("DELETE", r.elsewhere, "bob", f"/v1/tokens/{bob_prefix}")
     assert own.status_code == 200
     assert r.get(r.elsewhere, "bob").status_code == 401
-    assert httpx.delete(f"{r.here}/v1/tokens/bad%20key", headers=r.auth("root")).status_code == 422
+    assert r.request("DELETE", r.here, "root", "/v1/tokens/bad%20key").status_code == 422
 
 
 def test_revoke_by_id_when_a_prefix_is_shared(replicas: Replicas) -> None:
@@ -190,24 +189,20 @@ def test_revoke_by_id_when_a_prefix_is_shared(replicas: Replicas) -> None:
     with transaction(session_factory(r.engine)) as session:
         for token in session.scalars(select(ApiToken).where(ApiToken.scope == USER_SCOPE)):
             token.prefix = "jsu_same"  # as old 8-character prefixes might
-    answer = httpx.delete(f"{r.here}/v1/tokens/jsu_same", headers=r.auth("root"))
+    answer = r.request("DELETE", r.here, "root", "/v1/tokens/jsu_same")
     assert answer.status_code == 409 and "by id" in answer.json()["error"]["message"]
     assert r.get(r.here, "alice").status_code == 200  # nothing was revoked
     alice = next(
         t for t in r.get(r.here, "root", "/v1/tokens").json()["items"] if t["user"] == "alice"
     )
-    assert (
-        httpx.delete(f"{r.here}/v1/tokens/{alice['id']}", headers=r.auth("root")).status_code == 200
-    )
+    assert r.request("DELETE", r.here, "root", f"/v1/tokens/{alice['id']}").status_code == 200
     assert r.get(r.here, "alice").status_code == 401
 
 
 def test_an_expired_token_is_refused_even_while_cached(replicas: Replicas) -> None:
     r = replicas
-    created = httpx.post(
-        r.here + "/v1/tokens",
-        json={"user": "carol", "expires_in_seconds": 1},
-        headers=r.auth("root"),
+    created = r.request(
+        "POST", r.here, "root", "/v1/tokens", json={"user": "carol", "expires_in_seconds": 1}
     ).json()
     assert r.get(r.here, created["token"]).status_code == 200  # cached for a minute here
     expires = datetime.fromisoformat(created["expires_at"])
@@ -269,9 +264,7 @@ def test_a_revoked_cluster_token_ends_agent_streams_and_refuses_the_agent(
             time.sleep(0.02)
 
         prefix = r.tokens["agent"][:PREFIX_CHARS]
-        assert (
-            httpx.delete(f"{r.here}/v1/tokens/{prefix}", headers=r.auth("root")).status_code == 200
-        )
+        assert r.request("DELETE", r.here, "root", f"/v1/tokens/{prefix}").status_code == 200
         heartbeat = pb.AgentMessage(heartbeat=pb.Heartbeat())
         streams["here"].send(heartbeat)
         error = streams["here"].wait_closed()
