@@ -21,7 +21,7 @@ from scheduler.db import make_engine, session_factory
 from scheduler.migrate import upgrade
 from scheduler.models.users import AGENT_SCOPE, USER_SCOPE, get_or_create_user, issue_token
 from scheduler.settings import DatabaseSettings, Settings
-from tests.servers import scratch_postgres, serve_app
+from tests.servers import HTTP_TIMEOUT_SECONDS, scratch_postgres, serve_app
 
 POSTGRES_SERVER_URL = os.environ.get(
     "JIGSAW_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -100,10 +100,8 @@ class LiveApi:
     engine: Engine
 
     def client(self, token: str | None) -> httpx.Client:
-        # 30 s, not httpx's 5: a loaded CI host stalls for seconds (the first schema
-        # request timed out so).
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30)
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=HTTP_TIMEOUT_SECONDS)
 
     def get(self, path: str) -> httpx.Response:
         """A GET without a token (the OpenAPI schema, /metrics)."""

@@ -27,6 +27,9 @@ from api.server import free_port
 _SCRIPT = Path(sys.executable).parent / "jigsaw"
 JIGSAW = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "api.cli"]
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+# What a test's HTTP call waits, not httpx's 5 s: a loaded CI host stalls for seconds (a
+# schema built in 0.1 s here once timed out so).
+HTTP_TIMEOUT_SECONDS = 30.0
 # Tests' homes lie in pytest's temporary root, private to this user, which the default
 # worker user (`nobody`, when tests run as root) cannot reach: agents in tests run their
 # workers as this user. tests/test_isolation.py runs them as another user.

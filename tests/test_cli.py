@@ -28,7 +28,14 @@ from scheduler.db import make_engine, session_factory, transaction
 from scheduler.models.metrics import record
 from scheduler.orm import Job
 from scheduler.settings import APISettings, Settings
-from tests.servers import JIGSAW, TERMINAL, Server, clean_env, jigsaw_up
+from tests.servers import (
+    HTTP_TIMEOUT_SECONDS,
+    JIGSAW,
+    TERMINAL,
+    Server,
+    clean_env,
+    jigsaw_up,
+)
 
 
 def cli(
@@ -228,7 +235,9 @@ def test_token_create_user(server: Server) -> None:
     token = result.stdout.strip()
     assert result.stdout == token + "\n" and token.startswith("jsu_")
     response = httpx.get(
-        f"{server.url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=30
+        f"{server.url}/v1/whoami",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=HTTP_TIMEOUT_SECONDS,
     )
     assert response.status_code == 200
     assert "carol" in response.text
@@ -467,7 +476,9 @@ def test_credentials_file_is_private_and_reused(tmp_path: Path) -> None:
         assert again.url == second.url  # the URL follows the latest server
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         response = httpx.get(
-            f"{second.url}/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=30
+            f"{second.url}/v1/whoami",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=HTTP_TIMEOUT_SECONDS,
         )
         assert response.status_code == 200
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import UNDER_CI
-from tests.servers import Server, jigsaw_up
+from tests.servers import HTTP_TIMEOUT_SECONDS, Server, jigsaw_up
 
 CHROMIUM = os.environ.get("JIGSAW_TEST_CHROMIUM", "/usr/bin/chromium")
 # Offline, quiet, and runnable as root in a container without a GPU.
@@ -72,7 +72,9 @@ def test_every_page_loads_and_follows_a_training_job(server: Server, browser: ob
     ARTIFACTS.mkdir(exist_ok=True)
     token = server.token()
     api = httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Bearer {token}"}, timeout=30
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=HTTP_TIMEOUT_SECONDS,
     )
     problems: list[str] = []
 
@@ -90,10 +92,10 @@ def test_every_page_loads_and_follows_a_training_job(server: Server, browser: ob
         page.screenshot(path=str(ARTIFACTS / f"dashboard-{name}.png"), full_page=True)
 
     # Served with a strict policy; the page itself needs no token, the data does.
-    index = httpx.get(f"{server.url}/ui/", timeout=30)
+    index = httpx.get(f"{server.url}/ui/", timeout=HTTP_TIMEOUT_SECONDS)
     assert index.status_code == 200
     assert "script-src 'self'" in index.headers["content-security-policy"]
-    assert httpx.get(f"{server.url}/v1/cluster", timeout=30).status_code == 401
+    assert httpx.get(f"{server.url}/v1/cluster", timeout=HTTP_TIMEOUT_SECONDS).status_code == 401
 
     # Sign-in: a refused token says so; the real one opens the cluster view.
     page.goto(f"{server.url}/ui/")

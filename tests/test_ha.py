@@ -23,7 +23,7 @@ import pytest
 
 from api.server import free_port
 from tests.cluster import Cluster, wait_for, worker_pids
-from tests.servers import Server, jigsaw_up
+from tests.servers import HTTP_TIMEOUT_SECONDS, Server, jigsaw_up
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(300)]
 
@@ -73,7 +73,10 @@ def test_killing_the_leader_hands_over_without_losing_or_relaunching_jobs(
         assert not leads(second)
 
         token = {"Authorization": f"Bearer {first.token()}"}
-        api = [httpx.Client(base_url=s.url, headers=token, timeout=30) for s in (first, second)]
+        api = [
+            httpx.Client(base_url=s.url, headers=token, timeout=HTTP_TIMEOUT_SECONDS)
+            for s in (first, second)
+        ]
         spec = {
             "workload": "digits-mlp",
             "hyperparameters": {"batch_size": 32, "learning_rate": 0.05},

@@ -34,7 +34,7 @@ from scheduler.models.users import (
 from scheduler.orm import ApiToken
 from scheduler.settings import APISettings, DatabaseSettings, Settings
 from tests.agent_endpoint import agent_endpoint
-from tests.servers import serve_app
+from tests.servers import HTTP_TIMEOUT_SECONDS, serve_app
 from tests.test_agent_protocol import Stream, hello, register_request
 
 SHORT = 0.5  # seconds the `elsewhere` replica trusts a verified token
@@ -53,7 +53,9 @@ class Replicas:
         return self.request("GET", url, who, path, **kwargs)
 
     def request(self, method: str, url: str, who: str, path: str, **kwargs: Any) -> httpx.Response:
-        return httpx.request(method, url + path, headers=self.auth(who), timeout=30, **kwargs)
+        return httpx.request(
+            method, url + path, headers=self.auth(who), timeout=HTTP_TIMEOUT_SECONDS, **kwargs
+        )
 
     def auth(self, who: str) -> dict[str, str]:
         token = self.tokens.get(who, who)
