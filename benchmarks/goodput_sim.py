@@ -12,12 +12,14 @@ is Pollux's policy run by this simulator on the same jobs (`scheduler.policies.p
 the artifact's objective, solved exactly), the comparison at loads whose published
 workloads are held back: `jct_vs_pollux_here`.
 
-Load variants (`--loads`): 8-hour windows of `philly.csv` at 0.5x, 1.5x and 2x the
-jobs (`scheduler.sim.loads`), `--seeds` windows each from seed `--first-seed` (windows
-4-7 hold out the rules chosen on 0-3); Pollux published means at those loads are for
-workloads it holds back, so they are a reference, not the same jobs: `jct_se_s` is the
-standard error of a mean over its windows (or workloads), how much drawing other
-windows moves it.
+Load variants (`--loads`): 0.5x, 1x, 1.5x and 2x the jobs of 8 hours of `philly.csv`
+(`scheduler.sim.loads`), `--seeds` draws each from seed `--first-seed` (draws 4-7 hold
+out the rules chosen on 0-3). `--sampler hours` (the default) draws them as the given
+workloads were made, so the 1x draws check the sampler against the eight; `--sampler
+window` takes one day's window instead, the variants before 2026-12-02. Pollux's
+published means at 0.5x-2x are for workloads it holds back, so they are a reference,
+not the same jobs: `jct_se_s` is the standard error of a mean over its draws (or
+workloads), how much drawing others moves it.
 
 `--by-app` adds where each variant's average JCT goes on each workload, by application
 (`scheduler.sim.metrics.by_application`), from the same runs. `--grow-seconds S` makes
@@ -27,6 +29,7 @@ S seconds instead of its restart, and charges the policy that (`SimOptions.grow_
 `JigsawParams` changed (VALUE in JSON: `--param efficiency_floors=[0.3]`).
 
     python -m benchmarks.goodput_sim [--loads] [--seeds N] [--first-seed N] [--by-app]
+                                     [--sampler hours|window]
                                      [--grow-seconds S] [--param NAME=VALUE ...]
                                      [--json | --markdown]
 """
@@ -46,7 +49,7 @@ from benchmarks.harness import add_output_options, emit
 from scheduler.policies import get_policy
 from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
-from scheduler.sim.loads import load_variant
+from scheduler.sim.loads import SAMPLERS, load_variant
 from scheduler.sim.metrics import by_application, summarize
 from scheduler.sim.trace import TraceJob, load_workloads
 
@@ -510,13 +513,20 @@ def _params(parser: argparse.ArgumentParser, given: list[str]) -> JigsawParams |
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--loads", action="store_true", help="also the 0.5x, 1.5x, 2x variants")
-    parser.add_argument("--seeds", type=int, default=2, help="windows per load (with --loads)")
+    parser.add_argument("--loads", action="store_true", help="also the 0.5x, 1x, 1.5x, 2x variants")
+    parser.add_argument("--seeds", type=int, default=2, help="draws per load (with --loads)")
+    parser.add_argument(
+        "--sampler",
+        choices=SAMPLERS,
+        default="hours",
+        help="how variants are drawn (with --loads): as the given workloads (hours) or "
+        "one day's window",
+    )
     parser.add_argument(
         "--first-seed",
         type=int,
         default=0,
-        help="seed of the first window (with --loads): windows past those a rule was "
+        help="seed of the first draw (with --loads): draws past those a rule was "
         "chosen on check it on others",
     )
     parser.add_argument(
@@ -556,10 +566,12 @@ def main() -> None:
         rows, apps = rows + made_rows, apps + made_apps
     summary = _means(rows, "mean of 8")
     if args.loads:
-        for load in (0.5, 1.5, 2.0):
+        for load in (0.5, 1.0, 1.5, 2.0):
             variant_rows: list[dict[str, Any]] = []
             for seed in range(args.first_seed, args.first_seed + args.seeds):
-                made = load_variant(TRACES / "philly.csv", given, load, seed, TRACES / "apps")
+                made = load_variant(
+                    TRACES / "philly.csv", given, load, seed, TRACES / "apps", args.sampler
+                )
                 made_rows, made_apps = _rows(
                     made.name, load, made.jobs, POLLUX_BY_LOAD[load], args.grow_seconds, params
                 )

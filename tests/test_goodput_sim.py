@@ -22,7 +22,7 @@ from scheduler.policies.jigsaw.params import JigsawParams
 from scheduler.sim import adaptive
 from scheduler.sim.apps import load_application
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
-from scheduler.sim.loads import load_variant
+from scheduler.sim.loads import SAMPLERS, load_variant
 from scheduler.sim.metrics import by_application, summarize
 from scheduler.sim.trace import TraceError, load_workload, load_workloads
 from tests.servers import JIGSAW, clean_env
@@ -168,21 +168,56 @@ def test_spb_jobs_counts_a_job_whose_configuration_was_reset_by_a_suspension(
 def test_load_variants_sample_philly_windows_as_the_given_workloads() -> None:
     given = load_workloads(POLLUX / "workloads")
     apps = {job.workload for w in given for job in w.jobs}
-    half = load_variant(POLLUX / "philly.csv", given, 0.5, 3, POLLUX / "apps")
-    again = load_variant(POLLUX / "philly.csv", given, 0.5, 3, POLLUX / "apps")
-    double = load_variant(POLLUX / "philly.csv", given, 2.0, 3, POLLUX / "apps")
-    assert len(half.jobs) == 80 and len(double.jobs) == 320
-    assert [(j.name, j.submit_seconds) for j in half.jobs] == [
-        (j.name, j.submit_seconds) for j in again.jobs
-    ]
-    for workload in (half, double):
-        assert min(j.submit_seconds for j in workload.jobs) >= 0
-        assert max(j.submit_seconds for j in workload.jobs) < 8 * 3600
-        assert {j.workload for j in workload.jobs} <= apps
+    pairs = {(job.workload, job.workers, job.batch_size) for w in given for job in w.jobs}
+    for sampler in SAMPLERS:
+        half = load_variant(POLLUX / "philly.csv", given, 0.5, 3, POLLUX / "apps", sampler)
+        again = load_variant(POLLUX / "philly.csv", given, 0.5, 3, POLLUX / "apps", sampler)
+        double = load_variant(POLLUX / "philly.csv", given, 2.0, 3, POLLUX / "apps", sampler)
+        assert len(half.jobs) == 80 and len(double.jobs) == 320
+        assert [(j.name, j.submit_seconds) for j in half.jobs] == [
+            (j.name, j.submit_seconds) for j in again.jobs
+        ]
+        for workload in (half, double):
+            assert min(j.submit_seconds for j in workload.jobs) >= 0
+            assert max(j.submit_seconds for j in workload.jobs) < 8 * 3600
+            assert {j.workload for j in workload.jobs} <= apps
+            assert {(j.workload, j.workers, j.batch_size) for j in workload.jobs} <= pairs
     with pytest.raises(TraceError, match="positive"):
         load_variant(POLLUX / "philly.csv", given, 0.0, 0, POLLUX / "apps")
-    with pytest.raises(TraceError, match="no 8-hour window"):
+    with pytest.raises(TraceError, match="in its 8 hours"):
         load_variant(POLLUX / "philly.csv", given, 1000.0, 0, POLLUX / "apps")
+    with pytest.raises(TraceError, match="no 8-hour window"):
+        load_variant(POLLUX / "philly.csv", given, 1000.0, 0, POLLUX / "apps", "window")
+    with pytest.raises(TraceError, match="sampler must be one of"):
+        load_variant(POLLUX / "philly.csv", given, 1.0, 0, POLLUX / "apps", "days")
+
+
+def _mix(jobs: list) -> tuple[list[float], list[float]]:  # type: ignore[type-arg]
+    """Shares of the jobs by application class and by hour of submission."""
+    classes = (("cifar10", "ncf"), ("deepspeech2", "bert"), ("yolov3",), ("imagenet",))
+    by_class = [sum(j.workload in names for j in jobs) / len(jobs) for names in classes]
+    by_hour = [sum(h * 3600 <= j.submit_seconds < (h + 1) * 3600 for j in jobs) for h in range(8)]
+    return by_class, [count / len(jobs) for count in by_hour]
+
+
+def test_variants_at_1x_look_like_the_given_workloads() -> None:
+    """The default sampler makes jobs as the given eight were made: 1.0x variants
+    (as many jobs) share their application mix and their arrivals by hour, which one
+    day's window does not (its arrivals are that day's bursts)."""
+    given = load_workloads(POLLUX / "workloads")
+    classes, hours = _mix([job for w in given for job in w.jobs])
+    for sampler, hour_gap in (("hours", 0.03), ("window", 0.05)):
+        made = [
+            job
+            for seed in range(8)
+            for job in load_variant(
+                POLLUX / "philly.csv", given, 1.0, seed, POLLUX / "apps", sampler
+            ).jobs
+        ]
+        made_classes, made_hours = _mix(made)
+        assert max(abs(a - b) for a, b in zip(classes, made_classes, strict=True)) < 0.03
+        gap = max(abs(a - b) for a, b in zip(hours, made_hours, strict=True))
+        assert (gap < hour_gap) == (sampler == "hours"), (sampler, gap)
 
 
 def test_cli_simulates_adaptive_batches(tmp_path: Path) -> None:
@@ -224,6 +259,7 @@ def test_cli_simulates_adaptive_batches(tmp_path: Path) -> None:
         (["--first-seed", "-1"], "--first-seed must be at least 0"),
         (["--grow-seconds", "-5"], "--grow-seconds must be between 0 and 3600"),
         (["--seeds", "0"], "--seeds must be at least 1"),
+        (["--sampler", "days"], "invalid choice: 'days'"),
         (["--param", "nope=1"], "expected NAME=VALUE with NAME a JigsawParams field"),
         (["--param", "stickiness"], "expected NAME=VALUE with NAME a JigsawParams field"),
         (["--param", "stickiness=-1"], "stickiness: Input should be greater than 0"),
