@@ -99,10 +99,11 @@ here, lower on 13 of the 16, at most 1.4% higher on the other three), 1.5x 3,034
 1,401, `fluid_margin_seconds` 30, 300 or 900 1,403 / 1,411 / 1,510, `efficiency_floors`
 [0.3] 1,401) moves nothing that counts. Where 0.5x still misses its -10%: on the light
 draws both policies run every job near its best alone (draw 11: 779 s each, 637 s with
-each job alone on the cluster); an adaptive cifar10 job, the most common, starts at its
-fastest size for the noise of its first epochs (4 GPUs), then grows to 16 a minute or
-two later, a restart, as its gradient noise grows (draw 11: 1.0 and 1.1 moves a cifar10
-job under each), which only a model of the noise to come would spare.
+each job alone on the cluster; a cifar10 job, the most common, alone ends at 543 s under
+either, started on the 4 GPUs fastest for the noise of its first epochs and grown to 16
+as the noise grows, against 549 s on 16 from its start and 1,169 s on 4): what is left
+there is contention, and JigSaw's lead over Pollux comes from the busier draws (-8.6% to
+-10.5% on draws 0, 3, 4 and 13, -5.0% to +1.4% on the other twelve).
 
 **Shrink floors.** When requests do not fit, JigSaw runs each round at the one of its
 `efficiency_floors` whose sizes end the jobs soonest on average
