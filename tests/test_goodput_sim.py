@@ -24,7 +24,7 @@ from scheduler.sim.apps import load_application
 from scheduler.sim.engine import ClusterShape, SimOptions, Simulator
 from scheduler.sim.loads import SAMPLERS, load_variant
 from scheduler.sim.metrics import by_application, summarize
-from scheduler.sim.trace import TraceError, load_workload, load_workloads
+from scheduler.sim.trace import TraceError, TraceJob, load_workload, load_workloads
 from tests.servers import JIGSAW, clean_env
 
 POLLUX = Path(__file__).resolve().parents[2] / "shared" / "traces" / "pollux"
@@ -192,7 +192,7 @@ def test_load_variants_sample_philly_windows_as_the_given_workloads() -> None:
         load_variant(POLLUX / "philly.csv", given, 1.0, 0, POLLUX / "apps", "days")
 
 
-def _mix(jobs: list) -> tuple[list[float], list[float]]:  # type: ignore[type-arg]
+def _mix(jobs: list[TraceJob]) -> tuple[list[float], list[float]]:
     """Shares of the jobs by application class and by hour of submission."""
     classes = (("cifar10", "ncf"), ("deepspeech2", "bert"), ("yolov3",), ("imagenet",))
     by_class = [sum(j.workload in names for j in jobs) / len(jobs) for names in classes]

@@ -51,7 +51,7 @@ _BY_GPU_TIME = (
 class _TraceRow:
     stamp: datetime
     gpu_seconds: float
-    seconds: float  # its duration
+    duration: float
 
 
 def _gpu_seconds(job: TraceJob) -> float:
@@ -123,17 +123,16 @@ def _by_hours(
     hours = [
         row
         for row in trace
-        if row.seconds >= _SHORTEST_SECONDS
+        if row.duration >= _SHORTEST_SECONDS
         and row.gpu_seconds < _MOST_GPU_SECONDS
         and (row.stamp - shift).hour < WINDOW_SECONDS / 3600
     ]
     if len(hours) < wanted:
         raise TraceError(f"{philly}: {len(hours)} jobs in its 8 hours, not {wanted}")
-    pairs: dict[str, list[tuple[int, int]]] = {}
-    for job in given:
-        pairs.setdefault(job.workload, [])
-        if (job.workers, job.batch_size) not in pairs[job.workload]:
-            pairs[job.workload].append((job.workers, job.batch_size))
+    pairs = {
+        app: sorted({(job.workers, job.batch_size) for job in given if job.workload == app})
+        for app in {job.workload for job in given}
+    }
     made = []
     for index, row in enumerate(rng.sample(hours, wanted)):
         day = row.stamp - shift
@@ -142,7 +141,7 @@ def _by_hours(
         app = rng.choice(apps)
         if app not in pairs:
             raise TraceError(f"no given workload runs {app}, to take its GPUs and batch from")
-        workers, batch = rng.choice(sorted(pairs[app]))
+        workers, batch = rng.choice(pairs[app])
         made.append(_row(f"{app}-{index}", seconds, app, workers, batch))
     return made
 
