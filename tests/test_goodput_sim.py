@@ -258,6 +258,7 @@ def test_cli_simulates_adaptive_batches(tmp_path: Path) -> None:
     [
         (["--first-seed", "-1"], "--first-seed must be at least 0"),
         (["--grow-seconds", "-5"], "--grow-seconds must be between 0 and 3600"),
+        (["--restart-seconds", "-1"], "--restart-seconds must be between 0 and 3600"),
         (["--seeds", "0"], "--seeds must be at least 1"),
         (["--sampler", "days"], "invalid choice: 'days'"),
         (["--param", "nope=1"], "expected NAME=VALUE with NAME a JigsawParams field"),
@@ -283,7 +284,7 @@ def test_the_benchmark_refuses_bad_options_with_a_message(
 
 def test_a_param_changes_both_jigsaw_variants_and_no_other_policy() -> None:
     workload = load_workloads(POLLUX / "workloads")[0]
-    args = (workload.name, 1.0, workload.jobs, 2000.0, None)
+    args = (workload.name, 1.0, workload.jobs, 2000.0, SimOptions())
     shipped, _ = goodput_sim._rows(*args, None)
     no_growth, _ = goodput_sim._rows(*args, JigsawParams(grow=False))
     by_variant = {row["variant"]: row for row in shipped}
@@ -291,6 +292,16 @@ def test_a_param_changes_both_jigsaw_variants_and_no_other_policy() -> None:
     assert changed["tiresias"] == by_variant["tiresias"]
     for variant in ("jigsaw goodput", "jigsaw fixed batch"):
         assert changed[variant]["avg_jct_s"] != by_variant[variant]["avg_jct_s"], variant
+
+
+def test_free_restarts_and_event_rounds_reach_every_variant() -> None:
+    workload = load_workloads(POLLUX / "workloads")[0]
+    args = (workload.name, 1.0, workload.jobs, 2000.0)
+    shipped, _ = goodput_sim._rows(*args, SimOptions(), None)
+    ideal, _ = goodput_sim._rows(*args, SimOptions(restart_seconds=0, event_rounds=True), None)
+    ideal_by_variant = {row["variant"]: row["avg_jct_s"] for row in ideal}
+    for row in shipped:
+        assert ideal_by_variant[row["variant"]] < row["avg_jct_s"], row["variant"]
 
 
 def test_each_mean_carries_the_standard_error_of_its_windows() -> None:

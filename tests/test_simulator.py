@@ -405,3 +405,19 @@ def test_simulate_json_reports_packing_and_spb(tmp_path: Path) -> None:
     # are packed two to a GPU.
     assert row["packings"] >= 2 and row["packed_gpu_seconds"] > 0
     assert {"spb_jobs", "reconfigurations"} <= set(row)
+
+
+@pytest.mark.parametrize(
+    ("event_rounds", "starts"), [(False, [0, 120, 300]), (True, [0, 100, 250])]
+)
+def test_event_rounds_start_jobs_at_an_arrival_or_an_end_not_the_next_boundary(
+    tmp_path: Path, event_rounds: bool, starts: list[float]
+) -> None:
+    # One GPU: b waits for a, which ends at 100 s; c arrives at 250 s to a free GPU.
+    workload = load_workload(write(tmp_path, HEADER + "a,0,1,100,1\nb,30,1,10,1\nc,250,1,10,1\n"))
+    options = SimOptions(round_seconds=60.0, restart_seconds=0.0, event_rounds=event_rounds)
+    result = Simulator(
+        workload.jobs, ClusterShape.parse("1x1"), get_policy("fifo"), options=options
+    ).run()
+    assert [r.first_start for r in result.jobs] == starts
+    assert [r.finish for r in result.jobs] == [100, starts[1] + 10, starts[2] + 10]

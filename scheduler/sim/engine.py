@@ -10,7 +10,8 @@ transaction per decision.
 
 Time moves by events at lease granularity: rounds fall on multiples of
 `round_seconds` (one lease), at the first boundary after a job arrives or finishes,
-and every boundary while some job waits (a preemptive policy may act then). Between
+and every boundary while some job waits (a preemptive policy may act then); with
+`event_rounds`, at the arrival or end itself. Between
 rounds every running job trains at a constant speed, so its progress and finish time
 are computed, never stepped iteration by iteration.
 
@@ -88,6 +89,11 @@ class SimOptions:
     # Pollux jobs adapt their batch size and progress by goodput (the Pollux artifact's
     # setting for its adaptive jobs); off, each runs at the batch its trace row asks.
     adaptive_batch: bool = False
+    # A round at each arrival, job end and epoch end itself, not at the lease boundary
+    # after it: the live loop's rounds come every second, so a job submitted to free
+    # GPUs starts at once there. An idealisation for running jobs, which the live
+    # cluster changes only at their own lease boundaries.
+    event_rounds: bool = False
 
 
 @dataclass
@@ -391,6 +397,8 @@ class Simulator:
                 events.append(now + step)
             upcoming = min(events)
             following = max(math.ceil(upcoming / step) * step, now + step if rounds else 0.0)
+            if self.options.event_rounds and upcoming > now:
+                following = upcoming
             # 2. progress and ends until then
             busy_until: dict[int, float] = {}
             packed_seconds += self._shared_seconds(running, now, following)
