@@ -31,6 +31,7 @@ from scheduler.telemetry import SchedulerTelemetry
 CHECKPOINT_EVERY = 7
 # How long a silent agent session holds its node name against another agent process.
 SESSION_TIMEOUT_SECONDS = 3.0
+RENDEZVOUS_PORTS = RendezvousPorts(29500, 29999)
 
 
 @dataclass
@@ -59,10 +60,13 @@ class Endpoint:
 
 @contextmanager
 def agent_endpoint(
-    engine: Engine, checkpoint_root: Path, tokens: TokenVerifier | None = None
+    engine: Engine,
+    checkpoint_root: Path,
+    tokens: TokenVerifier | None = None,
+    ports: RendezvousPorts = RENDEZVOUS_PORTS,
 ) -> Iterator[Endpoint]:
-    """The endpoint, verifying tokens with `tokens` (default: no cache), as `jigsaw up`
-    serves it."""
+    """The endpoint, verifying tokens with `tokens` (default: no cache) and giving
+    groups `ports`, as `jigsaw up` serves it."""
     factory = session_factory(engine)
     with transaction(factory) as session:
         agent_token = issue_token(session, scope=AGENT_SCOPE)
@@ -74,7 +78,7 @@ def agent_endpoint(
         factory,
         checkpoint_root=checkpoint_root,
         checkpoint_every=CHECKPOINT_EVERY,
-        ports=RendezvousPorts(29500, 29999),
+        ports=ports,
         session_timeout_seconds=SESSION_TIMEOUT_SECONDS,
     )
     metrics = CollectorRegistry()

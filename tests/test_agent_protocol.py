@@ -7,6 +7,7 @@ that does not start with hello, reports about jobs it was never given.
 
 from __future__ import annotations
 
+import itertools
 import math
 import queue
 import sys
@@ -26,7 +27,7 @@ from sqlalchemy import Engine, select
 import jigsaw
 from jigsaw.jobspec import JobSpec
 from jigsaw.proto.v2 import agent_pb2 as pb
-from scheduler.agents.dispatcher import AgentDispatcher
+from scheduler.agents.dispatcher import AgentDispatcher, RendezvousPorts
 from scheduler.agents.server import start_server
 from scheduler.agents.service import AgentService
 from scheduler.core.states import JobState, SuspendedBy
@@ -530,6 +531,33 @@ def test_an_in_place_shrink_round_trip(endpoint: Endpoint) -> None:
         assert [(r.outcome, r.iterations_done, r.node, r.ranks) for r in reports] == [
             (RunOutcome.SHRUNK, 9, "node-a", (0,))
         ]
+
+
+@pytest.mark.parametrize(("low", "high", "resizes"), [(29500, 29999, 100), (29500, 29501, 4)])
+def test_an_in_place_resize_gets_a_rendezvous_port_its_job_never_held(
+    engine: Engine, tmp_path: Path, low: int, high: int, resizes: int
+) -> None:
+    """The kept ranks re-form the group in their processes, where torch's rendezvous
+    would reuse a store still served on a port the job held before, with that group's
+    keys: a port new to the job while the range has one, never the current one."""
+    with agent_endpoint(engine, tmp_path, ports=RendezvousPorts(low, high)) as endpoint:
+        endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+        stream = Stream(endpoint, hello())
+        job_id = add_job(endpoint)
+        try:
+            _wait(lambda: endpoint.dispatcher.connected() == frozenset({"node-a"}))
+            full = launch(endpoint, job_id)
+            assert endpoint.dispatcher.launch(full)
+            ports = [stream.commands.get(timeout=10).launch.master_port]
+            smaller = replace(full, workers=full.workers[:1])
+            for _ in range(resizes):
+                assert endpoint.dispatcher.resize_in_place(smaller)
+                ports.append(stream.commands.get(timeout=10).shrink.launch.master_port)
+        finally:
+            stream.close()
+    assert all(low <= port <= high for port in ports)
+    assert all(now != before for before, now in itertools.pairwise(ports))
+    assert len(set(ports)) == min(len(ports), high - low + 1)
 
 
 def test_a_shrink_whose_report_was_lost_is_claimed_not_stopped(endpoint: Endpoint) -> None:

@@ -220,6 +220,21 @@ def test_a_crashing_user_trial_fails_with_its_traceback(supervisor: Supervisor) 
     assert supervisor.running() == {}
 
 
+def test_a_rank_that_dies_ends_its_peers_waiting_at_the_rendezvous(
+    supervisor: Supervisor,
+) -> None:
+    """Rank 1 killed before the gang formed: rank 0 would wait for it at the rendezvous
+    for the collective timeout (300 s); the job fails now with rank 1's end."""
+    _start(supervisor, _launch(9, spec={"max_iterations": _BIG}))
+    pids = supervisor.pids(9)
+    os.kill(pids[1], signal.SIGKILL)
+    _, end = _until_exit(supervisor, 9)
+    assert end.outcome == agent_pb2.OUTCOME_FAILED
+    assert end.error_tail.startswith(f"rank 1 exited with code -{int(signal.SIGKILL)}")
+    assert supervisor.running() == {}
+    _assert_gone(pids)
+
+
 def test_suspend_checkpoints_after_a_reconfiguration(
     supervisor: Supervisor, tmp_path: Path
 ) -> None:

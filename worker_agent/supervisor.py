@@ -290,11 +290,8 @@ class Supervisor:
             )
             job.stop_requested = True
             job.action = Action.STOP
-            _signal_ranks(job, signal.SIGTERM)
+            self._terminate(job)
         self._tell_rank0(job)
-        timer = threading.Timer(self._stop_grace_seconds, self._kill, args=(job,))
-        timer.daemon = True
-        timer.start()
 
     def suspend(self, job_id: int) -> None:
         """Rank 0 checkpoints at its next boundary; then every rank exits (code 3)."""
@@ -635,6 +632,13 @@ class Supervisor:
         logger.error("job %d: launch refused: %s", job_id, message, extra={"job_id": job_id})
         self.outbound.put(_failed_exit(job_id, message, attempt))
 
+    def _terminate(self, job: _Job) -> None:
+        """SIGTERM to the job's ranks now, SIGKILL after the grace period (lock held)."""
+        _signal_ranks(job, signal.SIGTERM)
+        timer = threading.Timer(self._stop_grace_seconds, self._kill, args=(job,))
+        timer.daemon = True
+        timer.start()
+
     def _kill(self, job: _Job) -> None:
         with self._lock:
             _signal_ranks(job, signal.SIGKILL)
@@ -697,6 +701,18 @@ class Supervisor:
                         extra={"job_id": job.job_id},
                     )
                 return
+            if _failed(returncode) and job.failure is None and not job.stop_requested:
+                # Its peers would wait for it at a collective or a rendezvous until
+                # their timeout: the job has failed, so they go now.
+                job.failure = _error_tail(rank)
+                logger.error(
+                    "job %d: rank %d failed (exit code %s): stopping its other ranks",
+                    job.job_id,
+                    rank.rank,
+                    returncode,
+                    extra={"job_id": job.job_id},
+                )
+                self._terminate(job)
             if all(other.returncode is not None for other in job.ranks.values()):
                 del self._jobs[job.job_id]
                 for other in job.started.values():
@@ -847,13 +863,17 @@ def _failed_exit(job_id: int, message: str, attempt: int) -> JobEnded:
     return JobEnded(job_id, attempt, Outcome.FAILED, error_tail=message)
 
 
+def _failed(returncode: int) -> bool:
+    """Any code but the outcomes' own (a crash, a signal, argparse's 2) is a failure."""
+    return _OUTCOME_OF_CODE.get(returncode, Outcome.FAILED) is Outcome.FAILED
+
+
 def _job_exit(job: _Job) -> JobEnded:
     """One exit for all of a job's ranks on this node."""
     ranks = [job.ranks[rank] for rank in sorted(job.ranks)]
     codes = [rank.returncode if rank.returncode is not None else -1 for rank in ranks]
     exit_code = next((code for code in codes if code), 0)
-    # Any other code (a crash, a signal, argparse's 2) is a failure.
-    outcomes = [_OUTCOME_OF_CODE.get(code, Outcome.FAILED) for code in codes]
+    outcomes = [Outcome.FAILED if _failed(code) else _OUTCOME_OF_CODE[code] for code in codes]
     failing = next((r for r, o in zip(ranks, outcomes, strict=True) if o is Outcome.FAILED), None)
     error_tail = ""
     if job.failure is not None:

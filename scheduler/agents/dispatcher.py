@@ -139,7 +139,13 @@ class AgentDispatcher:
         self._instances: dict[str, str] = {}
         # job -> node -> its run there, for every job whose processes may live.
         self._jobs: dict[int, dict[str, Run]] = {}
-        self._job_ports: dict[int, int] = {}
+        # The rendezvous ports each job's groups have had while its processes may live,
+        # the current one last. An in-place resize re-forms the group in the same
+        # processes; rank 0's process goes on serving the old group's store (torch keeps
+        # it after a DDP group is destroyed: pytorch#62314), and torch's `tcp://`
+        # rendezvous reuses a store its process serves on the port (`multi_tenant`): on
+        # a port the job held before, the new group would read the old one's addresses.
+        self._job_ports: dict[int, list[int]] = {}
         # (job, node) pairs already told to stop or suspend: each command goes out once.
         self._stopping: set[tuple[int, str]] = set()
         self._suspending: set[tuple[int, str]] = set()
@@ -277,7 +283,7 @@ class AgentDispatcher:
                 )
                 return False
             port = self._free_port()
-            self._job_ports[launch.job_id] = port
+            self._job_ports[launch.job_id] = [port]
             runs = {
                 node: Run(
                     launch.attempt,
@@ -385,7 +391,7 @@ class AgentDispatcher:
                 return False
             # The new gang's rendezvous: rank 0's store went with the old group.
             port = self._free_port()
-            self._job_ports[launch.job_id] = port
+            self._job_ports.setdefault(launch.job_id, []).append(port)
             held = set(runs[node].ranks.values())
             instance = runs[node].instance
         joiners = [w.gpu_id for w in launch.workers if w.gpu_index not in held]
@@ -652,10 +658,13 @@ class AgentDispatcher:
         )
 
     def _free_port(self) -> int:
-        """A rendezvous port no job launched by this dispatcher holds (lock held)."""
-        taken = set(self._job_ports.values())
-        candidates = [
-            port for port in range(self._ports.low, self._ports.high + 1) if port not in taken
+        """A rendezvous port no live job launched by this dispatcher holds, nor, while
+        there are others, has held (lock held)."""
+        ports = range(self._ports.low, self._ports.high + 1)
+        held = set().union(*self._job_ports.values())
+        current = {job_ports[-1] for job_ports in self._job_ports.values()}
+        candidates = [port for port in ports if port not in held] or [
+            port for port in ports if port not in current
         ]
         if not candidates:
             raise RuntimeError(f"all rendezvous ports {self._ports} are taken")
