@@ -141,10 +141,11 @@ class AgentDispatcher:
         self._jobs: dict[int, dict[str, Run]] = {}
         # The rendezvous ports each job's groups have had while its processes may live,
         # the current one last. An in-place resize re-forms the group in the same
-        # processes; rank 0's process goes on serving the old group's store (torch keeps
-        # it after a DDP group is destroyed: pytorch#62314), and torch's `tcp://`
-        # rendezvous reuses a store its process serves on the port (`multi_tenant`): on
-        # a port the job held before, the new group would read the old one's addresses.
+        # processes; rank 0's process goes on serving its first group's store (torch
+        # 2.13 keeps the store of the first group a DDP model used after the group is
+        # destroyed), and torch's `tcp://` rendezvous reuses a store its process serves
+        # on the port (`multi_tenant`): there, the new group would read the old one's
+        # addresses.
         self._job_ports: dict[int, list[int]] = {}
         # (job, node) pairs already told to stop or suspend: each command goes out once.
         self._stopping: set[tuple[int, str]] = set()
