@@ -122,13 +122,15 @@ def hello(
     exits: list[pb.JobExit] | None = None,
     instance: str = INSTANCE,
     attempt: int = 1,
+    ports: list[int] | None = None,
 ) -> pb.AgentMessage:
-    """`running`: job -> rank -> GPU index, each of `attempt`."""
+    """`running`: job -> rank -> GPU index, each of `attempt`, whose groups had `ports`."""
     jobs = [
         pb.RunningJob(
             job_id=job_id,
             attempt=attempt,
             ranks=[pb.RankAssignment(rank=r, gpu_index=g) for r, g in ranks.items()],
+            rendezvous_ports=ports or [],
         )
         for job_id, ranks in (running or {}).items()
     ]
@@ -558,6 +560,26 @@ def test_an_in_place_resize_gets_a_rendezvous_port_its_job_never_held(
     assert all(low <= port <= high for port in ports)
     assert all(now != before for before, now in itertools.pairwise(ports))
     assert len(set(ports)) == min(len(ports), high - low + 1)
+
+
+def test_a_run_claimed_after_a_restart_never_gets_a_rendezvous_port_its_agent_reports(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """After a scheduler restart its agent's Hello is the only account of the ports the
+    run's groups had: an in-place resize gets none of them."""
+    with agent_endpoint(engine, tmp_path, ports=RendezvousPorts(29500, 29599)) as endpoint:
+        endpoint.stub.Register(register_request(), metadata=endpoint.auth())
+        job_id = add_job(endpoint)
+        allocate(endpoint, job_id, {0: 0, 1: 1})
+        held = [29599, *range(29500, 29598)]  # the launch's, then 98 resizes'
+        stream = Stream(endpoint, hello(running={job_id: {0: 0, 1: 1}}, ports=held))
+        try:
+            _wait(lambda: endpoint.dispatcher.active() == {job_id: frozenset({"node-a"})})
+            full = launch(endpoint, job_id)
+            assert endpoint.dispatcher.resize_in_place(replace(full, workers=full.workers[:1]))
+            assert stream.commands.get(timeout=10).shrink.launch.master_port == 29598
+        finally:
+            stream.close()
 
 
 def test_a_shrink_whose_report_was_lost_is_claimed_not_stopped(endpoint: Endpoint) -> None:

@@ -442,7 +442,8 @@ def test_a_job_shrinks_in_place_in_the_same_process_and_frees_the_gpu_it_left(
     assert isinstance(shrunk, agent_pb2.JobShrunk)
     assert (shrunk.job_id, shrunk.attempt) == (8, 4)
     assert [(a.rank, a.gpu_index) for a in shrunk.ranks] == [(0, 0)]
-    assert supervisor.runs() == {8: (4, {0: 0})} and supervisor.pids(8) == {0: pids[0]}
+    ports = [launch.master_port, smaller.master_port]  # a Hello's account of them
+    assert supervisor.runs() == {8: (4, {0: 0}, ports)} and supervisor.pids(8) == {0: pids[0]}
     _gone_soon(pids[1])
 
     # It trains on from the checkpoint of the boundary, one worker, in the same process.
@@ -484,7 +485,10 @@ def test_a_job_grows_in_place_keeping_its_process_and_its_joiner_resumes_at_the_
     assert isinstance(grown, agent_pb2.JobShrunk)
     assert [(a.rank, a.gpu_index) for a in grown.ranks] == [(0, 0), (1, 1)]
     now = supervisor.pids(12)
-    assert supervisor.runs() == {12: (4, {0: 0, 1: 1})} and now[0] == pids[0]
+    ports = [launch.master_port, larger.master_port]
+    assert supervisor.runs() == {12: (4, {0: 0, 1: 1}, ports)} and now[0] == pids[0]
+    [told] = wire.running_jobs(supervisor.runs())  # what a Hello says of it
+    assert list(told.rendezvous_ports) == ports
 
     records = _records_past(supervisor, before + seen, grown.iteration)
     assert {r.workers for r in records if r.iteration <= grown.iteration} == {1}
@@ -517,7 +521,8 @@ def test_an_adaptive_job_changes_its_batch_in_place_in_the_same_processes(
     rebatched = seen[-1]
     assert isinstance(rebatched, agent_pb2.JobShrunk)
     assert [(a.rank, a.gpu_index) for a in rebatched.ranks] == [(0, 0), (1, 1)]
-    assert supervisor.runs() == {11: (2, {0: 0, 1: 1})} and supervisor.pids(11) == pids
+    ports = [launch.master_port, larger.master_port]
+    assert supervisor.runs() == {11: (2, {0: 0, 1: 1}, ports)} and supervisor.pids(11) == pids
 
     records = _records_past(supervisor, before + seen, rebatched.iteration)
     assert {r.batch_size for r in records if r.iteration <= rebatched.iteration} == {64}

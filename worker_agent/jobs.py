@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from jigsaw.gpus import GpuSlot
 from worker_agent.runtime.config import WorkerConfig
@@ -22,6 +22,14 @@ class NodeResources:
     slots: dict[int, GpuSlot]  # by index
     data_dir: Path  # where trials cache their data
     torch_threads: int  # CPU threads per worker
+
+
+class RunHere(NamedTuple):
+    """A job's run on this node, as a Hello tells it."""
+
+    attempt: int
+    ranks: dict[int, int]  # rank -> GPU index
+    ports: list[int]  # the rendezvous port of each group it formed here, the current last
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from worker_agent.jobs import (
     LogLine,
     NodeResources,
     Profiled,
+    RunHere,
     Shrunk,
 )
 from worker_agent.pool import (
@@ -110,6 +111,8 @@ class _Job:
     memory_bytes: int  # each rank's cap on its GPU
     world_size: int  # of the whole gang, on every node
     checkpointed: bool  # the launch has a checkpoint directory
+    # The rendezvous port of each group the run formed here, the current one last.
+    ports: list[int] = field(default_factory=list)
     ranks: dict[int, _Rank] = field(default_factory=dict)  # the run's, by rank now
     # Every process the run started, in the order it was started: those an in-place
     # shrink dropped stay here (not in `ranks`) until they have exited.
@@ -267,6 +270,7 @@ class Supervisor:
                 launch.memory_bytes,
                 world_size=first.world_size,
                 checkpointed=first.checkpoint_dir is not None,
+                ports=[first.master_port],
             )
             self._jobs[job.job_id] = job
             self._spawn(job, launch.configs, launch.gpus)
@@ -337,6 +341,7 @@ class Supervisor:
                 job.joiners = config_on
                 job.shrunk = {}
                 job.action = Action.SHRINK
+                job.ports.append(launch.configs[0].master_port)
             elif job.action is Action.CONTINUE:
                 job.action = Action.SUSPEND
         if why is None:
@@ -411,13 +416,17 @@ class Supervisor:
 
     def running(self) -> dict[int, dict[int, int]]:
         """The jobs with processes on this node: rank -> GPU index of each."""
-        return {job_id: ranks for job_id, (_, ranks) in self.runs().items()}
+        return {job_id: run.ranks for job_id, run in self.runs().items()}
 
-    def runs(self) -> dict[int, tuple[int, dict[int, int]]]:
-        """The jobs with processes on this node: the attempt and rank -> GPU index."""
+    def runs(self) -> dict[int, RunHere]:
+        """The jobs with processes on this node."""
         with self._lock:
             return {
-                job_id: (job.attempt, {r: rank.gpu_index for r, rank in sorted(job.ranks.items())})
+                job_id: RunHere(
+                    job.attempt,
+                    {r: rank.gpu_index for r, rank in sorted(job.ranks.items())},
+                    list(job.ports),
+                )
                 for job_id, job in self._jobs.items()
             }
 

@@ -32,6 +32,7 @@ from worker_agent.jobs import (
     LogLine,
     NodeResources,
     Profiled,
+    RunHere,
     Shrunk,
 )
 from worker_agent.runtime.config import WorkerConfig
@@ -151,15 +152,16 @@ def _record(record: IterationRecord) -> pb.IterationRecord:
     return pb.IterationRecord(**fields)
 
 
-def running_jobs(runs: dict[int, tuple[int, dict[int, int]]]) -> list[pb.RunningJob]:
+def running_jobs(runs: dict[int, RunHere]) -> list[pb.RunningJob]:
     """What a Hello says still runs here: `Supervisor.runs()`."""
     return [
         pb.RunningJob(
             job_id=job_id,
-            attempt=attempt,
-            ranks=_assignments(ranks),
+            attempt=run.attempt,
+            ranks=_assignments(run.ranks),
+            rendezvous_ports=run.ports,
         )
-        for job_id, (attempt, ranks) in runs.items()
+        for job_id, run in runs.items()
     ]
 
 

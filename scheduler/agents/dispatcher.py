@@ -201,6 +201,10 @@ class AgentDispatcher:
                     session.send(_stop(job.job_id, f"not this node's current run: {run}"))
                 else:
                     self._jobs.setdefault(job.job_id, {})[node_name] = run
+                    # After a scheduler restart, the only account of them.
+                    if job.rendezvous_ports:
+                        held = self._job_ports.setdefault(job.job_id, [])
+                        held += [port for port in job.rendezvous_ports if port not in held]
             for message in hello.exits:
                 reason = self._exit(node_name, instance, message, stored)
                 if reason is not None:

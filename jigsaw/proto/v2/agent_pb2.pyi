@@ -171,14 +171,16 @@ class Hello(_message.Message):
     def __init__(self, node_name: _Optional[str] = ..., running: _Optional[_Iterable[_Union[RunningJob, _Mapping]]] = ..., exits: _Optional[_Iterable[_Union[JobExit, _Mapping]]] = ..., instance: _Optional[str] = ...) -> None: ...
 
 class RunningJob(_message.Message):
-    __slots__ = ("job_id", "ranks", "attempt")
+    __slots__ = ("job_id", "ranks", "attempt", "rendezvous_ports")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_PORTS_FIELD_NUMBER: _ClassVar[int]
     job_id: int
     ranks: _containers.RepeatedCompositeFieldContainer[RankAssignment]
     attempt: int
-    def __init__(self, job_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., attempt: _Optional[int] = ...) -> None: ...
+    rendezvous_ports: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[int] = ..., ranks: _Optional[_Iterable[_Union[RankAssignment, _Mapping]]] = ..., attempt: _Optional[int] = ..., rendezvous_ports: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ()
