@@ -394,7 +394,7 @@ class AgentDispatcher:
                 or (launch.job_id, node) in self._stopping | self._suspending
             ):
                 return False
-            # The new gang's rendezvous: rank 0's store went with the old group.
+            # The new gang's rendezvous, on a port new to the job (`_job_ports`).
             port = self._free_port()
             self._job_ports.setdefault(launch.job_id, []).append(port)
             held = set(runs[node].ranks.values())
