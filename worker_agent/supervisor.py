@@ -710,7 +710,8 @@ class Supervisor:
                         extra={"job_id": job.job_id},
                     )
                 return
-            if _failed(returncode) and job.failure is None and not job.stop_requested:
+            failed = _outcome(returncode) is Outcome.FAILED
+            if failed and job.failure is None and not job.stop_requested:
                 # Its peers would wait for it at a collective or a rendezvous until
                 # their timeout: the job has failed, so they go now.
                 job.failure = _error_tail(rank)
@@ -872,9 +873,9 @@ def _failed_exit(job_id: int, message: str, attempt: int) -> JobEnded:
     return JobEnded(job_id, attempt, Outcome.FAILED, error_tail=message)
 
 
-def _failed(returncode: int) -> bool:
+def _outcome(returncode: int) -> Outcome:
     """Any code but the outcomes' own (a crash, a signal, argparse's 2) is a failure."""
-    return _OUTCOME_OF_CODE.get(returncode, Outcome.FAILED) is Outcome.FAILED
+    return _OUTCOME_OF_CODE.get(returncode, Outcome.FAILED)
 
 
 def _job_exit(job: _Job) -> JobEnded:
@@ -882,7 +883,7 @@ def _job_exit(job: _Job) -> JobEnded:
     ranks = [job.ranks[rank] for rank in sorted(job.ranks)]
     codes = [rank.returncode if rank.returncode is not None else -1 for rank in ranks]
     exit_code = next((code for code in codes if code), 0)
-    outcomes = [Outcome.FAILED if _failed(code) else _OUTCOME_OF_CODE[code] for code in codes]
+    outcomes = [_outcome(code) for code in codes]
     failing = next((r for r, o in zip(ranks, outcomes, strict=True) if o is Outcome.FAILED), None)
     error_tail = ""
     if job.failure is not None:
