@@ -291,6 +291,33 @@ def test_at_light_load_adaptive_jobs_spread_over_the_gpus_by_the_fluid_sum() -> 
         assert sizes(*burst, gpus=4) == started
 
 
+def test_at_light_load_a_long_job_lends_gpus_to_a_short_one_for_the_round() -> None:
+    # Two adaptive jobs run on 4 GPUs each of 8: a short one (5,000 iterations at
+    # w^-0.9 s: 1,435 s to go on 4, 995 on 6) and a long one (50,000 at w^-0.6: 21,764 s
+    # on 4, 32,988 on 2). The fluid sum prefers 6 and 2 (a move charged the 90 s
+    # margin: 0.0304 + 0.0055 against 0.0264 + 0.0068). Held to their ends those sizes
+    # would end the two later on average (995 + 32,988 s against 1,435 + 21,764), which
+    # the completion sum used to refuse them for; but the same jobs run either way and
+    # every round sizes them again: the long job has its GPUs back once the short one
+    # ends.
+    def adaptive(iterations: int, exponent: float) -> JobModel:
+        speedup = {w: round(w**-exponent, 4) for w in (1, 2, 4, 6, 8)}
+        return JobModel(
+            iterations_total=iterations,
+            workers=4,
+            steps={w: {1: (step, 0.0)} for w, step in speedup.items()},
+            batches={w: {1: 64 * w} for w in speedup},
+        )
+
+    short = job(1, 4, adaptive(5000, 0.9), state=JobState.RUNNING, gpus=(100, 101, 102, 103))
+    long = job(2, 4, adaptive(50_000, 0.6), state=JobState.RUNNING, gpus=(104, 105, 106, 107))
+    plan = jigsaw.schedule(snap(nodes(1, 8, held={100 + i: 1 for i in range(8)}), short, long))
+    assert sorted((p.job_id, len(p.gpu_ids)) for p in plan.start) == [(1, 6), (2, 2)]
+    # The short job keeps its GPUs and grows around them.
+    grown = next(p for p in plan.start if p.job_id == 1)
+    assert set(short.allocated_gpu_ids) <= set(grown.gpu_ids)
+
+
 def test_a_crowded_cluster_queues_jobs_when_shrinking_all_would_end_them_later() -> None:
     # Two jobs ask for 4 GPUs of 4 and run 1,000 iterations at 1 s on 4, 1.56 s on 2
     # (78% of 2's progress per GPU on 4). Shrinking both to 2 (the 0.8 floor, the only

@@ -45,7 +45,8 @@ over jobs divided by the GPUs. Each round:
    GPUs stay idle. At light load (what the jobs ask for at most `fluid_load` times
    the GPUs) adaptive jobs may take the sizes that maximise the sum of each job's
    completion rate to the power `fluid_exponent` (`fluid`: the short jobs wider, GPUs
-   spread over all), admitted instead where their completion sum is no larger.
+   spread over all), taken where they run the jobs the floor's sizes run (every round
+   sizes them again), else where their completion sum is no larger.
    Running jobs then keep what they hold above their base while GPUs remain, in
    order, and shrink to it (move) when a job ahead needs them, instead of being
    suspended. Kept jobs stay where they are; a running job sized up grows around its

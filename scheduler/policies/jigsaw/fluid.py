@@ -8,11 +8,13 @@ the round's sizes to hold (a fluid view of mean JCT). An exponent of 1 races the
 shortest job on every GPU that speeds it up (SRPT's answer, which under concave
 speedups spends GPUs on its flat end); below 1 the sum is concave in each job's rate,
 and GPUs spread over the jobs with the short ones wider, as heSRPT's shares do. The
-view is myopic: it ignores when the jobs it leaves waiting start. So these sizes are
-one more candidate beside the shrink floor's, taken when their completion sum
-(`sizing.completion_sum`, the floors' yardstick) is no larger; under heavier load
-spreading GPUs over many jobs runs everyone slowly where queueing some ends them
-sooner, and the floors decide alone.
+view is myopic: it ignores when the jobs it leaves waiting start. So where its sizes run
+other jobs than the shrink floor's, they are taken only when their completion sum
+(`sizing.completion_sum`, the floors' yardstick) is no larger: spreading GPUs over many
+jobs can run everyone slowly where queueing some ends them sooner. Where both run the
+same jobs they are taken outright: the completion sum holds each size to the job's end,
+which a round sized again every lease never does (it priced a long job lending GPUs to
+a short one for minutes as if for hours). Under heavier load the floors decide alone.
 
 Only adaptive jobs (`batch: {adaptive: true}`: a model with a batch per size) are sized
 so: their goodput grows with GPUs far past what a fixed batch uses, which growth in
@@ -71,9 +73,9 @@ def sizes(
     params: JigsawParams,
 ) -> dict[int, int]:
     """The GPUs of each job admitted this round (absent: not admitted) out of
-    `capacity`: the fluid sum's sizes where their completion sum is no larger than
-    that of `admitted` (the shrink floor's), else `admitted`. Only adaptive jobs are
-    sized; the others keep their size in `admitted`."""
+    `capacity`: the fluid sum's sizes where they admit the jobs `admitted` (the shrink
+    floor's) does, or their completion sum is no larger than its; else `admitted`.
+    Only adaptive jobs are sized; the others keep their size in `admitted`."""
     sized = [job for job in ordered if job.id not in guests and adaptive(job)]
     ids = {job.id for job in sized}
     fixed = {job_id: size for job_id, size in admitted.items() if job_id not in ids}
@@ -83,6 +85,8 @@ def sizes(
     scores = [_scores(job, left, rule.per_node, params, rank) for rank, job in enumerate(sized)]
     counts = allocate(scores, left) if exact(len(sized), left, params) else relax(scores, left)
     fluid = {**fixed, **{job.id: n for job, n in zip(sized, counts, strict=True) if n}}
+    if fluid.keys() == admitted.keys():
+        return fluid  # the same jobs run, and the next round sizes them again
     # Those started now first, then the rest in order as GPUs free up.
     first = sorted(ordered, key=lambda job: job.id not in fluid)
     given = _Given(rule.per_node, rule.floor, rule.long_seconds, rule.long_floor, rule.paced, fluid)
