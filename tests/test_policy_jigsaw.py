@@ -293,10 +293,10 @@ def test_at_light_load_adaptive_jobs_spread_over_the_gpus_by_the_fluid_sum() -> 
 
 def test_at_light_load_a_long_job_lends_gpus_to_a_short_one_for_the_round() -> None:
     # Two adaptive jobs run on 4 GPUs each of 8: a short one (5,000 iterations at
-    # w^-0.9 s: 1,435 s to go on 4, 995 on 6) and a long one (50,000 at w^-0.6: 21,764 s
-    # on 4, 32,988 on 2). The fluid sum prefers 6 and 2 (a move charged the 90 s
-    # margin: 0.0304 + 0.0055 against 0.0264 + 0.0068). Held to their ends those sizes
-    # would end the two later on average (995 + 32,988 s against 1,435 + 21,764), which
+    # w^-0.9 s: 1,436 s to go on 4, 997 on 6) and a long one (50,000 at w^-0.6: 21,765 s
+    # on 4, 32,990 on 2). The fluid sum prefers 6 and 2 (a move charged the 90 s
+    # margin: 0.0303 + 0.0055 against 0.0264 + 0.0068). Held to their ends those sizes
+    # would end the two later on average (997 + 32,990 s against 1,436 + 21,765), which
     # the completion sum used to refuse them for; but the same jobs run either way and
     # every round sizes them again: the long job has its GPUs back once the short one
     # ends.

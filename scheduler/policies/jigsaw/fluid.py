@@ -73,8 +73,8 @@ def sizes(
     params: JigsawParams,
 ) -> dict[int, int]:
     """The GPUs of each job admitted this round (absent: not admitted) out of
-    `capacity`: the fluid sum's sizes where they admit the jobs `admitted` (the shrink
-    floor's) does, or their completion sum is no larger than its; else `admitted`.
+    `capacity`: the fluid sum's sizes where they admit the same jobs as `admitted` (the
+    shrink floor's), or their completion sum is no larger than its; else `admitted`.
     Only adaptive jobs are sized; the others keep their size in `admitted`."""
     sized = [job for job in ordered if job.id not in guests and adaptive(job)]
     ids = {job.id for job in sized}
