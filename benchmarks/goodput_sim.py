@@ -90,7 +90,7 @@ to and 8 GPUs stood idle. Where both candidates run the same jobs the fluid size
 now taken outright (every round sizes the jobs again); where they would run other jobs
 the completion sum still decides (a burst that ends sooner queued than spread). Chosen
 on draws 0-15 (goodput means 1,401 -> 1,387 s at 0.5x, 2,340 -> 2,307 at 1x), held out on
-16-47 (0.5x 1,524 -> 1,513 s, 1x 2,251). The table now: 2,308 s on the eight (-16.1%
+16-47 (0.5x 1,524 -> 1,513 s, 1x 2,279 -> 2,251). The table now: 2,308 s on the eight (-16.1%
 against Pollux's published means, 2,338 before), 1,490 s at 0.5x (-2.9%; -5.5% against
 Pollux here, lower on 58 of 64 draws, at most 1.0% higher on the others), 2,246 s at 1x
 (-18.4%; -10.4%), 3,041 s at 1.5x (-17.5%; -17.3%), 3,861 s at 2x (-27.0%; -25.0%);
