@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -361,6 +362,28 @@ def _candidates(workers: int, limits: BatchLimits, low: int) -> np.ndarray:
     return np.unique(batch[(low <= batch) & (batch <= limits.max)])
 
 
+@lru_cache(maxsize=1 << 11)  # a simulation's applications x placements; about 6 kB each
+def _throughputs(
+    perf: PerfParams, limits: BatchLimits, workers: int, nodes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(candidate batches, their largest micro-batch, accumulation steps, throughput,
+    -inf where a batch cannot be split so) on `workers` GPUs over `nodes` nodes; None
+    when no batch in the limits reaches every GPU. Only the gradient noise changes from
+    epoch to epoch, so a simulation asks this again for every job and epoch of the same
+    application: cached, read-only."""
+    low = max(limits.min, workers * limits.min_per_gpu)
+    if low > limits.max:
+        return None
+    batch = _candidates(workers, limits, low)
+    per_gpu, accum, runs = split_batch(batch, workers, limits)
+    step, _ = _predict(perf.as_array(), nodes, workers, per_gpu, accum)
+    throughput = np.where(runs, batch / step, -np.inf)
+    arrays = (batch, per_gpu, accum, throughput)
+    for array in arrays:
+        array.setflags(write=False)
+    return arrays
+
+
 @dataclass(frozen=True)
 class GoodputModel:
     """A job's goodput by size and batch: fitted throughput, measured gradient noise,
@@ -408,17 +431,13 @@ class GoodputModel:
         if key in self._memo:
             return self._memo[key]
         _check_size(workers, nodes)
-        limits = self.limits
-        low = max(limits.min, workers * limits.min_per_gpu)
         choice = None
-        if low <= limits.max:
-            batch = _candidates(workers, limits, low)
-            per_gpu, accum, runs = split_batch(batch, workers, limits)
-            step, _ = _predict(self.perf.as_array(), nodes, workers, per_gpu, accum)
-            goodput = batch / step * efficiency_at_scale(self.grad, batch / limits.base)
-            goodput = np.where(runs, goodput, -np.inf)
+        grid = _throughputs(self.perf, self.limits, workers, nodes)
+        if grid is not None:
+            batch, per_gpu, accum, throughput = grid
+            goodput = throughput * efficiency_at_scale(self.grad, batch / self.limits.base)
             best = int(np.argmax(goodput))
-            if runs[best]:
+            if goodput[best] > -np.inf:
                 choice = BatchChoice(
                     int(batch[best]), int(per_gpu[best]), int(accum[best]), float(goodput[best])
                 )

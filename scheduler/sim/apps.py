@@ -119,6 +119,7 @@ class Application:
                 for r in placements
             ]
         )
+        self._nearest_known: dict[tuple[int, int], _Curve] = {}  # unmeasured sizes
         # By (nodes, GPUs): the exact placements averaged, plus the larger measurements.
         self._by_size = _curves(
             [
@@ -228,15 +229,17 @@ class Application:
         return step + (step - sync) * accumulate, sync
 
     def _nearest(self, size: tuple[int, int]) -> _Curve:
-        nodes, gpus = size
         if size in self._by_size:
             return self._by_size[size]
-        # Relative distance: 12 vs 16 GPUs is closer than 1 vs 2.
-        key = min(
-            self._by_size,
-            key=lambda k: (math.log(k[0] / nodes) ** 2 + math.log(k[1] / gpus) ** 2, k),
-        )
-        return self._by_size[key]
+        if size not in self._nearest_known:  # a simulation asks for every job and epoch
+            # Relative distance: 12 vs 16 GPUs is closer than 1 vs 2.
+            nodes, gpus = size
+            key = min(
+                self._by_size,
+                key=lambda k: (math.log(k[0] / nodes) ** 2 + math.log(k[1] / gpus) ** 2, k),
+            )
+            self._nearest_known[size] = self._by_size[key]
+        return self._nearest_known[size]
 
 
 @cache
