@@ -28,14 +28,17 @@ S seconds instead of its restart, and charges the policy that (`SimOptions.grow_
 `--restart-seconds S` makes every start and restart cost S seconds instead of 30 (and
 charges the policy that), `--event-rounds` runs a round at each arrival and job end
 instead of the lease boundary after it (`SimOptions.event_rounds`): with both, what
-cheaper restarts and faster rounds could gain at most.
+cheaper restarts and faster rounds could gain at most. `--node-sizes` offers every job
+every whole number of nodes' GPUs too, not only the powers of two
+(`SimOptions.node_sizes`).
 `--param NAME=VALUE` (repeatable) runs both JigSaw variants with that field of
 `JigsawParams` changed (VALUE in JSON: `--param efficiency_floors=[0.3]`).
 
     python -m benchmarks.goodput_sim [--loads] [--seeds N] [--first-seed N] [--by-app]
                                      [--sampler hours|window]
                                      [--grow-seconds S] [--restart-seconds S]
-                                     [--event-rounds] [--param NAME=VALUE ...]
+                                     [--event-rounds] [--node-sizes]
+                                     [--param NAME=VALUE ...]
                                      [--json | --markdown]
 """
 
@@ -660,6 +663,11 @@ def main() -> None:
         help="a round at each arrival and job end, not at the lease boundary after it",
     )
     parser.add_argument(
+        "--node-sizes",
+        action="store_true",
+        help="every whole number of nodes' GPUs as a size too, besides the powers of two",
+    )
+    parser.add_argument(
         "--param",
         action="append",
         default=[],
@@ -683,6 +691,7 @@ def main() -> None:
         restart_seconds=args.restart_seconds,
         grow_seconds=args.grow_seconds,
         event_rounds=args.event_rounds,
+        node_sizes=args.node_sizes,
     )
     given = load_workloads(TRACES / "workloads")
     rows: list[dict[str, Any]] = []

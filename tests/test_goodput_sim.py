@@ -102,6 +102,24 @@ def test_jigsaw_sizes_an_adaptive_job_where_its_goodput_finishes_it_soonest(
     assert plans and plans[0][0] == plans[0][1]
 
 
+@pytest.mark.parametrize(("node_sizes", "held"), [(False, 8), (True, 12)])
+def test_node_sizes_offer_every_whole_number_of_nodes(
+    tmp_path: Path, node_sizes: bool, held: int
+) -> None:
+    # Three nodes: powers of two reach 8 GPUs of the 12; whole nodes, all of them.
+    jobs = _one_job(tmp_path, "i,0,imagenet,8,400")
+    sizes: set[tuple[int, ...]] = set()
+
+    def watch(snapshot: ClusterSnapshot) -> Plan:
+        sizes.update(job.model.sizes for job in snapshot.jobs if job.model is not None)
+        return jigsaw.schedule(snapshot)
+
+    options = SimOptions(adaptive_batch=True, node_sizes=node_sizes)
+    result = Simulator(jobs, ClusterShape.parse("3x4"), watch, options=options).run()
+    assert {12 in each for each in sizes} == {node_sizes}
+    assert result.jobs[0].attained / (result.jobs[0].finish - result.jobs[0].first_start) > held - 1
+
+
 def test_jct_by_application_adds_up_to_the_average(tmp_path: Path) -> None:
     path = tmp_path / "two.csv"
     path.write_text(POLLUX_HEADER + "c1,0,cifar10,2,256\nc2,60,cifar10,4,512\nn,0,ncf,1,256\n")

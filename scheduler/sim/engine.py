@@ -94,6 +94,10 @@ class SimOptions:
     # GPUs starts at once there. An idealisation for running jobs, which the live
     # cluster changes only at their own lease boundaries.
     event_rounds: bool = False
+    # Every whole number of nodes' GPUs as a size too, besides the powers of two (the
+    # live cluster runs any count in a job's elastic range, the Pollux artifact any
+    # count): more placements to model, so a simulation takes longer.
+    node_sizes: bool = False
 
 
 @dataclass
@@ -221,13 +225,16 @@ class Simulator:
 
     def _placements(self, trace: TraceJob) -> list[tuple[int, ...]]:
         """GPUs per node of the job at the size asked for and, where the trace measures
-        scaling, at every power of two up to the most GPUs measured and the cluster
-        holds (the sizes a policy may resize the job to)."""
+        scaling, at every power of two (with `node_sizes`, every whole number of nodes)
+        up to the most GPUs measured and the cluster holds (the sizes a policy may
+        resize the job to)."""
         per_node = self.cluster.gpus_per_node
         sizes = {trace.workers}
         if isinstance(trace.speed, MeasuredSpeed):
             most = min(self.cluster.gpus, trace.speed.most_workers)
             sizes.update(1 << k for k in range(most.bit_length()) if 1 << k <= most)
+            if self.options.node_sizes:
+                sizes.update(range(per_node, most + 1, per_node))
         placements = []
         for workers in sorted(sizes):
             fewest = math.ceil(workers / per_node)
