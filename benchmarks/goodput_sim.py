@@ -85,34 +85,35 @@ MARKDOWN_HEAD = (
 MARKDOWN_TAIL = """
 **Where the 0.5x gap lies (2026-12-03, evening).** The table is unchanged: the simulator
 now keeps each application's candidate batches and their predicted throughput by
-placement (only the gradient noise changes between epochs), so this page regenerates in
-36 minutes instead of 49, to the same figures. On draws 0-15, which run about 7% below
-the 64's mean at 0.5x (JigSaw with goodput 1,387 s, Pollux here 1,472; the -10% target,
-1,381 s over the 64, is about 1,286 on them), three things the policy does not control
-were measured with `--loads --seeds 16`: with `--node-sizes` (every whole number of
-nodes' GPUs offered besides the powers of two, as the live cluster runs any count in a
-job's elastic range and the Pollux artifact any count) JigSaw 1,354 s, Pollux here 1,437,
-both 2.4% lower (at 1x 2,282 / 2,594 s against 2,307 / 2,569, at 1.5x 3,043 / 3,709
-against 3,022 / 3,690, at 2x 3,998 / 5,382 against 3,971 / 5,359, the eight 2,301 / 2,611
-against 2,308 / 2,634: no gain past 1x, and the placements to model make a run about 1.3x
-longer, so the table keeps the powers of two); with a round at each arrival and end too
-(`--event-rounds`), 1,340 / 1,422 at 0.5x; with every start and restart free as well
-(`--restart-seconds 0`), 1,230 / 1,300. Only that last, which no cluster has, meets the target;
-paired on the same jobs JigSaw stays 5-6% below Pollux under each. At half load most of
-the mean is jobs that run nearly alone under either policy (draw 11: 779 s both), and
-their 30 s starts, restarts and lease rounds are costs neither policy can shed; the
-heavier loads, where GPUs must be shared, are where the policy gains 10-26%. Two policy
-changes tried on those draws and not kept: heSRPT's shares (Berg et al. 2020: a job's
-GPUs set by its rank in remaining work, its speedup over its smallest size as the
-objective), 1,568 s with its exponent 0.5, 1,536 with 0.9 (the rank gives a long job far
-more than its time to go warrants); and a move charged 2%, 5% or 10% of the job's time to
-go besides its restart and margin, 1,382 / 1,386 / 1,389 s with 4-9% fewer suspensions.
-That charge was aimed at a flip-flop traced on draw 3: a yolov3 job's model is built from
-the gradient noise measured at the batch it last ran, so on 4 GPUs its 16-GPU time looks
-shorter than it did on 16, and the fluid sum moved it 16 -> 4 -> 16 in consecutive rounds
-while an imagenet job went 8 -> 24 -> 8, each move a 30 s restart. Such flips are rare:
-the imagenet jobs' 48 suspensions each (26 under Pollux here) follow the short jobs they
-yield their GPUs to. Nothing in the policy was changed.
+placement (only the gradient noise changes between epochs) instead of building them for
+every job and epoch; this page, regenerated, holds the same figures. On draws 0-15,
+which run about 7% below the 64's mean at 0.5x (JigSaw with goodput 1,387 s, Pollux here
+1,472; the -10% target, 1,381 s over the 64, is about 1,286 on them), three things the
+policy does not control were measured with `--loads --seeds 16`: with `--node-sizes`
+(every whole number of nodes' GPUs offered besides the powers of two, as the live
+cluster runs any count in a job's elastic range and the Pollux artifact any count)
+JigSaw 1,354 s, Pollux here 1,437, both 2.4% lower (at 1x 2,282 / 2,594 s against 2,307
+/ 2,569, at 1.5x 3,043 / 3,709 against 3,022 / 3,690, at 2x 3,998 / 5,382 against 3,971
+/ 5,359, the eight 2,301 / 2,611 against 2,308 / 2,634: no gain past 1x, and more
+placements to model make a run longer, so the table keeps the powers of two); with a
+round at each arrival and end too (`--event-rounds`), 1,340 / 1,422 at 0.5x; with every
+start and restart free as well (`--restart-seconds 0`), 1,230 / 1,300. Only that last,
+which no cluster has, meets the target; paired on the same jobs JigSaw stays 5-6% below
+Pollux under each. At half load most of the mean is jobs that run nearly alone under
+either policy (draw 11: 779 s both), and their 30 s starts, restarts and lease rounds
+are costs neither policy can shed; the heavier loads, where GPUs must be shared, are
+where the policy gains 10-25%. Two policy changes tried on those draws and not kept:
+heSRPT's shares (Berg et al. 2020: a job's GPUs set by its rank in remaining work, its
+speedup over its smallest size as the objective), 1,568 s with its exponent 0.5, 1,536
+with 0.9 (the rank gives a long job far more than its time to go warrants); and a move
+charged 2%, 5% or 10% of the job's time to go besides its restart and margin, 1,382 /
+1,386 / 1,389 s with 4-9% fewer suspensions. That charge was aimed at a flip-flop traced
+on draw 3: a yolov3 job's model is built from the gradient noise measured at the batch
+it last ran, so on 4 GPUs its 16-GPU time looks shorter than it did on 16, and the fluid
+sum moved it 16 -> 4 -> 16 in consecutive rounds while an imagenet job went 8 -> 24 ->
+8, each move a 30 s restart. Such flips are rare: the imagenet jobs' 48 suspensions each
+(26 under Pollux here) follow the short jobs they yield their GPUs to. Nothing in the
+policy was changed.
 
 **Fluid sizes where the same jobs run (2026-12-03, later).** At light load the fluid
 sum's sizes were taken only where `sizing.completion_sum` was no larger than the shrink

@@ -362,7 +362,7 @@ def _candidates(workers: int, limits: BatchLimits, low: int) -> np.ndarray:
     return np.unique(batch[(low <= batch) & (batch <= limits.max)])
 
 
-@lru_cache(maxsize=1 << 11)  # a simulation's applications x placements; about 6 kB each
+@lru_cache(maxsize=1 << 11)  # a simulation's applications x placements; up to 8 kB each
 def _throughputs(
     perf: PerfParams, limits: BatchLimits, workers: int, nodes: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
